@@ -1,0 +1,42 @@
+"""aiayn: the Transformer of "Attention Is All You Need", readable, tested and fast."""
+
+from aiayn.config import Config, DecodeConfig, ModelConfig, TrainConfig, load_config
+from aiayn.errors import AiaynError, CheckpointError, ConfigError, DataError
+from aiayn.model import (
+    AttentionMaps,
+    DecoderLM,
+    EncoderClassifier,
+    KVCache,
+    Memory,
+    MultiHeadAttention,
+    Transformer,
+    attention,
+    self_attention_unparameterised,
+    sinusoidal_positions,
+    tracing,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AiaynError",
+    "AttentionMaps",
+    "CheckpointError",
+    "Config",
+    "ConfigError",
+    "DataError",
+    "DecodeConfig",
+    "DecoderLM",
+    "EncoderClassifier",
+    "KVCache",
+    "Memory",
+    "ModelConfig",
+    "MultiHeadAttention",
+    "TrainConfig",
+    "Transformer",
+    "attention",
+    "load_config",
+    "self_attention_unparameterised",
+    "sinusoidal_positions",
+    "tracing",
+]

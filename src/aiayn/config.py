@@ -1,0 +1,285 @@
+"""Frozen configuration: one dataclass per concern, passed whole, never mutated.
+
+`ModelConfig` fixes the architecture (the paper's symbols: d_model, h, N, d_ff, P_drop).
+`TrainConfig` and `DecodeConfig` hold the training recipe and the search settings.
+`Config` bundles the three; it is read from TOML (`configs/*.toml`) and changed with typed
+overrides (`--set train.warmup_steps=8000`), always through `dataclasses.replace`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from aiayn.errors import ConfigError
+
+# Special token ids. The tokenizer trains SentencePiece with exactly these ids, so the model,
+# the data pipeline and decoding never have to ask it. This is the only place they are defined.
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture of Figure 1. Defaults are the paper's base model (Table 3)."""
+
+    vocab_size: int  # joint source/target vocabulary, filled from the tokenizer (§3.4)
+    d_model: int = 512
+    n_heads: int = 8  # h; d_k = d_v = d_model / h
+    n_layers: int = 6  # N, for each of the encoder and decoder stacks
+    d_ff: int = 2048
+    dropout: float = 0.1  # P_drop on sub-layer outputs and embedding sums (§5.4)
+    attn_dropout: float = 0.0  # on attention weights; not in the paper, used by tensor2tensor
+    max_len: int = 1024  # rows of the positional table: the longest sequence the model accepts
+    positional: Literal["sinusoidal", "learned"] = "sinusoidal"  # §3.5; the paper found both equal
+    norm_first: bool = False  # the paper is post-LN; True = pre-LN with a final LayerNorm
+    layer_norm_eps: float = 1e-5
+    share_embeddings: bool = True  # one embedding matrix for source and target (§3.4)
+    tie_output: bool = True  # the pre-softmax projection reuses the target embedding (§3.4)
+    pad_id: int = PAD_ID
+    bos_id: int = BOS_ID
+    eos_id: int = EOS_ID
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.vocab_size > 0, "vocab_size must be positive"),
+            (self.d_model > 0 and self.n_heads > 0, "d_model and n_heads must be positive"),
+            (
+                self.d_model % max(self.n_heads, 1) == 0,
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}",
+            ),
+            (self.n_layers >= 1, "n_layers must be at least 1"),
+            (self.d_ff > 0, "d_ff must be positive"),
+            (0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)"),
+            (0.0 <= self.attn_dropout < 1.0, f"attn_dropout={self.attn_dropout} not in [0, 1)"),
+            (self.max_len >= 2, "max_len must be at least 2"),
+            (
+                self.positional in ("sinusoidal", "learned"),
+                f"positional={self.positional!r}: choose 'sinusoidal' or 'learned'",
+            ),
+            (not self.positional == "sinusoidal" or self.d_model % 2 == 0,
+             "sinusoidal positions need an even d_model"),
+            (
+                all(0 <= i < self.vocab_size for i in (self.pad_id, self.bos_id, self.eos_id)),
+                f"special ids pad/bos/eos={self.pad_id}/{self.bos_id}/{self.eos_id} "
+                f"must lie in [0, vocab_size={self.vocab_size})",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(f"ModelConfig: {message}")
+
+    @property
+    def d_k(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        """A named architecture, e.g. `ModelConfig.preset("paper_base", vocab_size=37000)`."""
+        if name not in MODEL_PRESETS:
+            raise ConfigError(f"unknown preset {name!r}; choose one of {sorted(MODEL_PRESETS)}")
+        if "vocab_size" not in overrides:
+            raise ConfigError(f"preset {name!r} needs vocab_size=...")
+        return cls(**{**MODEL_PRESETS[name], **overrides})
+
+
+# Table 3 of the paper, plus a model small enough to train on a laptop CPU in minutes.
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "paper_base": dict(d_model=512, n_heads=8, n_layers=6, d_ff=2048, dropout=0.1),
+    "paper_big": dict(d_model=1024, n_heads=16, n_layers=6, d_ff=4096, dropout=0.3),
+    "cpu_small": dict(d_model=256, n_heads=4, n_layers=3, d_ff=1024, dropout=0.1),
+    "cpu_tiny": dict(d_model=128, n_heads=4, n_layers=2, d_ff=512, dropout=0.1),
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training recipe (§5). Defaults are the paper's where it gives one."""
+
+    src: str = ""  # training source file (or a TSV with both sides when tgt is empty)
+    tgt: str = ""
+    valid_src: str = ""
+    valid_tgt: str = ""
+    out_dir: str = "runs/model"
+    vocab_size: int = 8000  # SentencePiece joint vocabulary
+    spm_model_type: Literal["bpe", "unigram"] = "bpe"
+    max_tokens: int = 4096  # token budget per batch (source or target, whichever is longer)
+    max_len: int = 256  # pairs with more tokens than this on either side are filtered (counted)
+    label_smoothing: float = 0.1  # ε_ls (§5.4)
+    lr_schedule: Literal["noam", "inverse_sqrt", "cosine", "constant"] = "noam"
+    lr: float = 1.0  # a multiplier on noam; the peak rate for the other schedules
+    warmup_steps: int = 4000
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    clip_norm: float = 0.0  # 0 = no clipping
+    accum_steps: int = 1
+    max_steps: int = 100_000
+    max_epochs: int = 0  # 0 = no limit
+    max_minutes: float = 0.0  # wall-clock budget; 0 = no limit
+    valid_every: int = 1000
+    save_every: int = 1000
+    keep_last: int = 5  # checkpoints kept for averaging (the paper averages the last 5 / 20)
+    patience: int = 0  # validations without improvement before stopping; 0 = never
+    best_metric: Literal["loss", "bleu"] = "loss"
+    bleu_samples: int = 200  # validation sentences decoded greedily for BLEU; 0 = skip
+    seed: int = 1
+    dtype: Literal["fp32", "bf16"] = "fp32"  # bf16 = autocast on the matmuls
+    compile: bool = False  # torch.compile
+    threads: int = 0  # torch threads; 0 = leave torch's default
+    log_every: int = 50
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Search settings (§6.1): beam 4, length penalty α = 0.6, max length = source + 50."""
+
+    beam_size: int = 4
+    alpha: float = 0.6  # GNMT length penalty ((5 + |Y|) / 6) ** α
+    max_len_a: float = 1.0  # max output length = a * source length + b
+    max_len_b: int = 50
+    min_len: int = 0
+    nbest: int = 1
+    sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything one run needs: `configs/*.toml` files hold these three tables."""
+
+    model: ModelConfig
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+# --- reading and overriding -------------------------------------------------------------------
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Convert `value` (from TOML or a `--set` string) to the dataclass field type `tp`."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{where}={value!r}: choose one of {list(choices)}")
+        return value
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.strip("()[] ").split(",") if v.strip()]
+        args = typing.get_args(tp)
+        if not isinstance(value, list | tuple) or len(value) != len(args):
+            raise ConfigError(f"{where}={value!r}: expected {len(args)} comma-separated values")
+        return tuple(_coerce(v, a, where) for v, a in zip(value, args, strict=True))
+    if origin in (types.UnionType, typing.Union):
+        raise ConfigError(f"{where}: union fields are not supported")
+    try:
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("true", "1", "yes", "on"):
+                return True
+            if str(value).lower() in ("false", "0", "no", "off"):
+                return False
+            raise ValueError
+        if tp is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            if isinstance(value, bool):
+                raise ValueError
+            return int(str(value).replace("_", "")) if isinstance(value, str) else int(value)
+        if tp is float:
+            return float(value)
+        if tp is str:
+            return str(value)
+    except ValueError:
+        raise ConfigError(f"{where}={value!r}: expected {tp.__name__}") from None
+    raise ConfigError(f"{where}: unsupported field type {tp}")
+
+
+def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
+    """Build dataclass `cls` from a plain dict, coercing types and rejecting unknown keys."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) {sorted(unknown)} in [{where or cls.__name__}]; "
+            f"known: {sorted(names)}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        tp = hints[name]
+        path = f"{where}.{name}" if where else name
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = from_dict(tp, value, path)
+        else:
+            kwargs[name] = _coerce(value, tp, path)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # a required field is missing
+        raise ConfigError(f"[{where or cls.__name__}]: {e}") from None
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """A JSON-ready dict (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(obj)))
+
+
+def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """Apply `section.field=value` strings, each typed from the dataclass field."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or section not in ("model", "train", "decode"):
+            raise ConfigError(f"--set {item!r}: expected model|train|decode.FIELD=VALUE")
+        sub = getattr(cfg, section)
+        hints = typing.get_type_hints(type(sub))
+        if name not in hints:
+            known = sorted(f.name for f in dataclasses.fields(sub))
+            raise ConfigError(f"--set {item!r}: {section} has no field {name!r}; known: {known}")
+        value = _coerce(raw.strip(), hints[name], key)
+        cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(sub, **{name: value})})
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Read a TOML config (tables [model], [train], [decode]) and apply `--set` overrides.
+
+    `[model]` may name a `preset`; its other keys override the preset. `vocab_size` may be
+    left out: it is filled from the tokenizer when training starts.
+    """
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    unknown = set(data) - {"model", "train", "decode"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown table(s) {sorted(unknown)}; use model/train/decode")
+    model = dict(data.get("model", {}))
+    preset = model.pop("preset", None)
+    if preset is not None:
+        if preset not in MODEL_PRESETS:
+            raise ConfigError(f"{path}: unknown preset {preset!r}; one of {sorted(MODEL_PRESETS)}")
+        model = {**MODEL_PRESETS[preset], **model}
+    model.setdefault("vocab_size", 8)  # placeholder until the tokenizer fixes it
+    cfg = Config(
+        model=from_dict(ModelConfig, model, "model"),
+        train=from_dict(TrainConfig, data.get("train", {}), "train"),
+        decode=from_dict(DecodeConfig, data.get("decode", {}), "decode"),
+    )
+    return apply_overrides(cfg, overrides or [])
