@@ -1,0 +1,272 @@
+"""Parallel text -> validated pairs -> token-budget, length-bucketed `Batch`es (§5.1).
+
+The path a sentence pair takes:
+
+    read_parallel(src, tgt)      two line-aligned files (or one TSV), streamed line by line,
+                                 checked; unusable pairs are dropped *as pairs* and counted
+    encode_pairs(pairs, tok)     SentencePiece ids; pairs longer than max_len dropped, counted
+    batch_plan(examples, ...)    index lists whose padded size B * max_len fits `max_tokens`
+    collate(examples, indices)   a padded `Batch` (src = ids + EOS, tgt_in = BOS + ids,
+                                 tgt_out = ids + EOS)
+
+Errors a user can cause (different line counts, invalid UTF-8, an empty file) are `DataError`s
+with one-line messages. Filtering never shifts alignment: line i of the source is only ever
+paired with line i of the target, and every dropped pair is counted and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from aiayn.config import BOS_ID, EOS_ID, PAD_ID
+from aiayn.errors import DataError
+from aiayn.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+MAX_LINE_CHARS = 10_000  # a "sentence" longer than this is almost surely a broken line
+
+
+@dataclass
+class DataStats:
+    """What reading and encoding kept and dropped, so that filtering is never silent."""
+
+    read: int = 0
+    empty: int = 0  # a side is empty (or whitespace only)
+    too_long_chars: int = 0  # a side has more than MAX_LINE_CHARS characters
+    too_long_tokens: int = 0  # a side has more than max_len tokens (with EOS)
+    examples: list[str] = field(default_factory=list)  # where the first drops happened
+
+    def drop(self, reason: str, where: str) -> None:
+        setattr(self, reason, getattr(self, reason) + 1)
+        if len(self.examples) < 5:
+            self.examples.append(where)
+
+    @property
+    def dropped(self) -> int:
+        return self.empty + self.too_long_chars + self.too_long_tokens
+
+    @property
+    def kept(self) -> int:
+        return self.read - self.dropped
+
+    def report(self, name: str) -> str:
+        msg = f"{name}: read {self.read} pairs, kept {self.kept}"
+        if self.dropped:
+            msg += (
+                f"; dropped {self.dropped} (empty side {self.empty}, over {MAX_LINE_CHARS} chars "
+                f"{self.too_long_chars}, over max_len tokens {self.too_long_tokens}; "
+                f"first: {', '.join(self.examples)})"
+            )
+        return msg
+
+
+# --- reading --------------------------------------------------------------------------------
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """Decoded lines of `path` without their newline; invalid UTF-8 names the file and line."""
+    try:
+        f = path.open("rb")
+    except FileNotFoundError:
+        raise DataError(f"corpus file not found: {path}") from None
+    with f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                yield raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"{path}: line {line_no} is not valid UTF-8 (byte {e.start}: {e.reason})"
+                ) from None
+
+
+def _count_lines(path: Path) -> int:
+    with path.open("rb") as f:
+        return sum(1 for _ in f)
+
+
+def _aligned(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
+    """Line i of `src` with line i of `tgt`; a length mismatch is a DataError naming both counts."""
+    src_it, tgt_it = _lines(src), _lines(tgt)
+    n = 0
+    while True:
+        s, t = next(src_it, None), next(tgt_it, None)
+        if s is None or t is None:
+            if s is None and t is None:
+                return
+            n_src = n + (0 if s is None else 1 + sum(1 for _ in src_it))
+            n_tgt = n + (0 if t is None else 1 + sum(1 for _ in tgt_it))
+            raise DataError(
+                f"{src} has {n_src} lines but {tgt} has {n_tgt}: the files must be line-aligned"
+            )
+        n += 1
+        yield s, t
+
+
+def _tsv(path: Path) -> Iterator[tuple[str, str]]:
+    for line_no, line in enumerate(_lines(path), 1):
+        cols = line.split("\t")
+        if len(cols) != 2:
+            raise DataError(f"{path}: line {line_no} has {len(cols)} tab-separated fields, not 2")
+        yield cols[0], cols[1]
+
+
+def read_parallel(
+    src: str | Path, tgt: str | Path | None = None, stats: DataStats | None = None
+) -> Iterator[tuple[str, str]]:
+    """Stream (source, target) sentence pairs from two line-aligned files or one TSV.
+
+    A pair with an empty side or a side over MAX_LINE_CHARS characters is dropped whole (the
+    other side with it, so alignment holds) and counted in `stats`. Surrounding whitespace is
+    stripped. Raises DataError for an empty file, different line counts or invalid UTF-8.
+    """
+    stats = stats if stats is not None else DataStats()
+    src = Path(src)
+    paths = [src] if not tgt else [src, Path(tgt)]
+    for p in paths:
+        if not p.is_file():
+            raise DataError(f"corpus file not found: {p}")
+        if p.stat().st_size == 0:
+            raise DataError(f"corpus file is empty: {p}")
+    pairs = _tsv(src) if not tgt else _aligned(src, Path(tgt))
+    return _filtered(pairs, stats)
+
+
+def _filtered(pairs: Iterator[tuple[str, str]], stats: DataStats) -> Iterator[tuple[str, str]]:
+    for line_no, (s, t) in enumerate(pairs, 1):
+        stats.read += 1
+        s, t = s.strip(), t.strip()
+        if not s or not t:
+            stats.drop("empty", f"line {line_no}")
+        elif len(s) > MAX_LINE_CHARS or len(t) > MAX_LINE_CHARS:
+            stats.drop("too_long_chars", f"line {line_no}")
+        else:
+            yield s, t
+
+
+@dataclass(frozen=True)
+class Example:
+    """One encoded pair: source ids ending in EOS, target ids without specials."""
+
+    src: tuple[int, ...]
+    tgt: tuple[int, ...]
+
+
+def encode_pairs(
+    pairs: Sequence[tuple[str, str]],
+    tok: Tokenizer,
+    max_len: int,
+    stats: DataStats | None = None,
+    chunk: int = 4096,
+) -> list[Example]:
+    """Tokenize pairs; drop (and count) those whose source+EOS or target+EOS exceeds `max_len`."""
+    stats = stats if stats is not None else DataStats()
+    out: list[Example] = []
+    for start in range(0, len(pairs), chunk):
+        part = pairs[start : start + chunk]
+        srcs = tok.encode_batch([s for s, _ in part], eos=True)
+        tgts = tok.encode_batch([t for _, t in part], eos=False)
+        for i, (s, t) in enumerate(zip(srcs, tgts, strict=True)):
+            if len(s) > max_len or len(t) + 1 > max_len:
+                stats.drop("too_long_tokens", f"kept pair {start + i + 1}")
+            else:
+                out.append(Example(tuple(s), tuple(t)))
+    return out
+
+
+# --- batching -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Right-padded ids; masks are built by the model from PAD_ID, never stored here."""
+
+    src_BS: Tensor  # noqa: N815 (shape suffixes are the house style)
+    tgt_in_BT: Tensor  # noqa: N815 - BOS + target ids (teacher forcing input, shifted right)
+    tgt_out_BT: Tensor  # noqa: N815 - target ids + EOS (what the model must predict)
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(self.src_BS.to(device), self.tgt_in_BT.to(device), self.tgt_out_BT.to(device))
+
+    @property
+    def n_tgt_tokens(self) -> int:
+        return int((self.tgt_out_BT != PAD_ID).sum())
+
+
+def example_size(ex: Example) -> int:
+    """Positions the pair occupies in a padded batch: its longer side (target counts EOS)."""
+    return max(len(ex.src), len(ex.tgt) + 1)
+
+
+def batch_plan(
+    examples: Sequence[Example], max_tokens: int, *, seed: int = 0, epoch: int = 0,
+    shuffle: bool = True,
+) -> list[list[int]]:
+    """Group example indices into batches whose padded size B * max_len is <= `max_tokens`.
+
+    Like fairseq's `--max-tokens`: examples are sorted by length (ties broken randomly) so
+    each batch holds similar lengths (little padding); the batch order is then shuffled.
+    The plan is a pure function of (examples, max_tokens, seed, epoch), which is what makes
+    resuming from a data position exact.
+    """
+    rng = random.Random(seed * 1_000_003 + epoch)
+    order = list(range(len(examples)))
+    if shuffle:
+        rng.shuffle(order)  # random tie-break among equal lengths; the sort below is stable
+    order.sort(key=lambda i: (len(examples[i].tgt), len(examples[i].src)))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    cur_len = 0
+    for i in order:
+        size = example_size(examples[i])
+        if size > max_tokens:
+            raise DataError(
+                f"an example of {size} tokens does not fit max_tokens={max_tokens}; "
+                "raise train.max_tokens or lower train.max_len"
+            )
+        if cur and (len(cur) + 1) * max(cur_len, size) > max_tokens:
+            batches.append(cur)
+            cur, cur_len = [], 0
+        cur.append(i)
+        cur_len = max(cur_len, size)
+    if cur:
+        batches.append(cur)
+    if shuffle:
+        rng.shuffle(batches)
+    return batches
+
+
+def _pad(rows: list[Sequence[int]]) -> Tensor:
+    width = max(len(r) for r in rows)
+    out = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
+    for b, r in enumerate(rows):
+        out[b, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
+
+
+def collate(examples: Sequence[Example], indices: Sequence[int]) -> Batch:
+    """The padded `Batch` of `examples[indices]`."""
+    exs = [examples[i] for i in indices]
+    return Batch(
+        _pad([e.src for e in exs]),
+        _pad([(BOS_ID, *e.tgt) for e in exs]),
+        _pad([(*e.tgt, EOS_ID) for e in exs]),
+    )
+
+
+def padding_efficiency(examples: Sequence[Example], plan: Sequence[Sequence[int]]) -> float:
+    """Real tokens / padded positions over source and target of every batch (1.0 = no padding)."""
+    real = padded = 0
+    for idx in plan:
+        s = [len(examples[i].src) for i in idx]
+        t = [len(examples[i].tgt) + 1 for i in idx]
+        real += sum(s) + sum(t)
+        padded += len(idx) * (max(s) + max(t))
+    return real / padded if padded else 1.0

@@ -1,0 +1,156 @@
+"""data.py: reading and validating parallel text, token-budget batching, collation."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aiayn.config import BOS_ID, EOS_ID, PAD_ID
+from aiayn.data import (
+    MAX_LINE_CHARS,
+    DataStats,
+    Example,
+    batch_plan,
+    collate,
+    encode_pairs,
+    padding_efficiency,
+    read_parallel,
+)
+from aiayn.errors import DataError
+from aiayn.tokenizer import Tokenizer
+
+
+def write(path, text: str | bytes):
+    path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+    return path
+
+
+def test_two_files_and_tsv_agree(tmp_path):
+    src = write(tmp_path / "a.de", "eins zwei\ndrei\n")
+    tgt = write(tmp_path / "a.en", "one two\nthree\n")
+    tsv = write(tmp_path / "a.tsv", "eins zwei\tone two\ndrei\tthree\n")
+    expected = [("eins zwei", "one two"), ("drei", "three")]
+    assert list(read_parallel(src, tgt)) == expected
+    assert list(read_parallel(tsv)) == expected
+
+
+def test_line_count_mismatch_names_both_counts(tmp_path):
+    src = write(tmp_path / "a.de", "a\nb\nc\n")
+    tgt = write(tmp_path / "a.en", "a\nb\n")
+    with pytest.raises(DataError, match=r"has 3 lines but .* has 2"):
+        list(read_parallel(src, tgt))
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    src = write(tmp_path / "a.de", b"gut\nschl\xff\n")
+    tgt = write(tmp_path / "a.en", "good\nbad\n")
+    with pytest.raises(DataError, match=r"a\.de: line 2 is not valid UTF-8"):
+        list(read_parallel(src, tgt))
+
+
+def test_empty_and_missing_files(tmp_path):
+    src = write(tmp_path / "a.de", "")
+    tgt = write(tmp_path / "a.en", "x\n")
+    with pytest.raises(DataError, match="empty"):
+        read_parallel(src, tgt)  # raised at the call, before iteration
+    with pytest.raises(DataError, match="not found"):
+        read_parallel(tmp_path / "nope.de", tgt)
+
+
+def test_filtering_is_counted_and_keeps_alignment(tmp_path):
+    long = "x" * (MAX_LINE_CHARS + 1)
+    src = write(tmp_path / "a.de", f"eins\n\nzwei\n{long}\ndrei\n")
+    tgt = write(tmp_path / "a.en", "one\ntwo?\n \nfour\nthree\n")
+    stats = DataStats()
+    pairs = list(read_parallel(src, tgt, stats))
+    assert pairs == [("eins", "one"), ("drei", "three")]
+    assert (stats.read, stats.kept, stats.empty, stats.too_long_chars) == (5, 2, 2, 1)
+    assert "dropped 3" in stats.report("train") and "line 2" in stats.report("train")
+
+
+def test_tsv_with_wrong_field_count(tmp_path):
+    tsv = write(tmp_path / "a.tsv", "a\tb\nc\n")
+    with pytest.raises(DataError, match="line 2 has 1 tab-separated fields"):
+        list(read_parallel(tsv))
+
+
+@pytest.fixture(scope="module")
+def tok():
+    rng = random.Random(0)
+    words = ["haus", "baum", "katze", "hund", "house", "tree", "cat", "dog", "the", "a"]
+    lines = [" ".join(rng.choices(words, k=rng.randint(1, 8))) for _ in range(300)]
+    return Tokenizer.train(lines, vocab_size=300)
+
+
+def test_encode_pairs_drops_overlong_by_tokens(tok):
+    pairs = [("haus", "house"), ("haus " * 40, "house"), ("baum", "tree " * 40)]
+    stats = DataStats(read=3)
+    exs = encode_pairs(pairs, tok, max_len=20, stats=stats)
+    assert len(exs) == 1 and stats.too_long_tokens == 2 and stats.kept == 1
+    assert exs[0].src[-1] == EOS_ID and EOS_ID not in exs[0].tgt
+
+
+def test_collate_shifts_targets_and_pads():
+    exs = [Example((5, 6, EOS_ID), (7, 8, 9)), Example((5, EOS_ID), (7,))]
+    b = collate(exs, [0, 1])
+    assert b.src_BS.tolist() == [[5, 6, EOS_ID], [5, EOS_ID, PAD_ID]]
+    assert b.tgt_in_BT.tolist() == [[BOS_ID, 7, 8, 9], [BOS_ID, 7, PAD_ID, PAD_ID]]
+    assert b.tgt_out_BT.tolist() == [[7, 8, 9, EOS_ID], [7, EOS_ID, PAD_ID, PAD_ID]]
+    assert b.n_tgt_tokens == 6
+    assert b.to("cpu").src_BS.dtype == torch.long
+
+
+def random_examples(seed: int, n: int, max_len: int) -> list[Example]:
+    """Pairs whose source and target lengths correlate, as translations' do."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        t = rng.randint(1, max_len - 3)
+        s = max(0, t + rng.randint(-2, 2))
+        src = (*(rng.randint(4, 50) for _ in range(s)), EOS_ID)
+        out.append(Example(src, tuple(rng.randint(4, 50) for _ in range(t))))
+    return out
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(
+    seed=st.integers(0, 2**16),
+    n=st.integers(1, 200),
+    max_tokens=st.integers(32, 400),
+    epoch=st.integers(0, 3),
+)
+def test_batch_plan_partitions_and_respects_budget(seed, n, max_tokens, epoch):
+    exs = random_examples(seed, n, max_len=32)
+    plan = batch_plan(exs, max_tokens, seed=seed, epoch=epoch)
+    flat = sorted(i for idx in plan for i in idx)
+    assert flat == list(range(n))  # every example in exactly one batch
+    for idx in plan:
+        b = collate(exs, idx)
+        padded = len(idx) * max(b.src_BS.size(1), b.tgt_out_BT.size(1))
+        assert padded <= max_tokens
+    assert plan == batch_plan(exs, max_tokens, seed=seed, epoch=epoch)  # a pure function
+
+
+def test_bucketing_beats_random_batching_on_padding():
+    exs = random_examples(1, 2000, max_len=60)
+    plan = batch_plan(exs, 1000, seed=0)
+    rng = random.Random(0)
+    order = list(range(len(exs)))
+    rng.shuffle(order)
+    same_sizes = []
+    start = 0
+    for idx in plan:  # random batches with the same batch sizes
+        same_sizes.append(order[start : start + len(idx)])
+        start += len(idx)
+    assert padding_efficiency(exs, plan) > 0.85 > padding_efficiency(exs, same_sizes)
+    assert batch_plan(exs, 1000, seed=0, epoch=1) != plan  # reshuffled each epoch
+
+
+def test_example_larger_than_budget_is_a_clear_error():
+    exs = [Example((5,) * 30 + (EOS_ID,), (6,))]
+    with pytest.raises(DataError, match="does not fit max_tokens=16"):
+        batch_plan(exs, 16)
