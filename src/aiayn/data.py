@@ -16,9 +16,10 @@ paired with line i of the target, and every dropped pair is counted and logged.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,17 +161,23 @@ class Example:
 
 
 def encode_pairs(
-    pairs: Sequence[tuple[str, str]],
+    pairs: Iterable[tuple[str, str]],
     tok: Tokenizer,
     max_len: int,
     stats: DataStats | None = None,
     chunk: int = 4096,
 ) -> list[Example]:
-    """Tokenize pairs; drop (and count) those whose source+EOS or target+EOS exceeds `max_len`."""
+    """Tokenize pairs; drop (and count) those whose source+EOS or target+EOS exceeds `max_len`.
+
+    `pairs` is consumed in chunks, so a `read_parallel` stream is never held as text.
+    """
     stats = stats if stats is not None else DataStats()
     out: list[Example] = []
-    for start in range(0, len(pairs), chunk):
-        part = pairs[start : start + chunk]
+    it = iter(pairs)
+    for start in itertools.count(0, chunk):
+        part = list(itertools.islice(it, chunk))
+        if not part:
+            break
         srcs = tok.encode_batch([s for s, _ in part], eos=True)
         tgts = tok.encode_batch([t for _, t in part], eos=False)
         for i, (s, t) in enumerate(zip(srcs, tgts, strict=True)):
@@ -188,9 +195,9 @@ def encode_pairs(
 class Batch:
     """Right-padded ids; masks are built by the model from PAD_ID, never stored here."""
 
-    src_BS: Tensor  # noqa: N815 (shape suffixes are the house style)
-    tgt_in_BT: Tensor  # noqa: N815 - BOS + target ids (teacher forcing input, shifted right)
-    tgt_out_BT: Tensor  # noqa: N815 - target ids + EOS (what the model must predict)
+    src_BS: Tensor
+    tgt_in_BT: Tensor  # BOS + target ids (teacher forcing input, shifted right)
+    tgt_out_BT: Tensor  # target ids + EOS (what the model must predict)
 
     def to(self, device: torch.device | str) -> Batch:
         return Batch(self.src_BS.to(device), self.tgt_in_BT.to(device), self.tgt_out_BT.to(device))
