@@ -107,14 +107,17 @@ def read_model_meta(directory: str | Path) -> dict[str, Any]:
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise CheckpointError(f"{directory} is not an aiayn model directory (no {CONFIG_FILE})") from None
+        raise CheckpointError(
+            f"{directory} is not an aiayn model directory (no {CONFIG_FILE})"
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} is corrupt: {e}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an aiayn model config (format != {FORMAT!r})")
     if meta.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
-            f"{path} has format_version {meta.get('format_version')}; this aiayn reads {FORMAT_VERSION}"
+            f"{path} has format_version {meta.get('format_version')}; "
+            f"this aiayn reads {FORMAT_VERSION}"
         )
     return meta
 
@@ -134,13 +137,15 @@ def check_state_dict(model: torch.nn.Module, tensors: dict[str, torch.Tensor], w
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
-            f"{where}: weights do not fit the config: missing {missing[:3]}, unexpected {unexpected[:3]}"
+            f"{where}: weights do not fit the config: "
+            f"missing {missing[:3]}, unexpected {unexpected[:3]}"
         )
     for name, ref in expected.items():
         got = tensors[name]
         if got.shape != ref.shape:
             raise CheckpointError(
-                f"{where}: tensor {name} has shape {tuple(got.shape)}, config expects {tuple(ref.shape)}"
+                f"{where}: tensor {name} has shape {tuple(got.shape)}, "
+                f"config expects {tuple(ref.shape)}"
             )
         if got.dtype != ref.dtype:
             raise CheckpointError(f"{where}: tensor {name} is {got.dtype}, expected {ref.dtype}")
@@ -168,3 +173,143 @@ def load_model_dir(directory: str | Path, map_location: str = "cpu") -> _ModelBa
     model.load_state_dict(tensors, strict=False)  # tied aliases are filled through their twin
     model.eval()
     return model.to(map_location)
+
+
+# --- training state: optimizer, step, RNG, data position (resumable runs) ---------------------
+# A run directory is a model directory (the best weights) plus `checkpoints/step_XXXXXXXX/`,
+# each itself a model directory with `optimizer.safetensors` (optimizer moments, RNG state)
+# and `train_state.json` (step, epoch, data position, best metric, ...). A checkpoint is built
+# in a hidden temporary directory and renamed into place, so it is either complete or absent.
+
+CHECKPOINTS_DIR = "checkpoints"
+OPTIM_FILE = "optimizer.safetensors"
+STATE_FILE = "train_state.json"
+STATE_FORMAT = "aiayn-train-state"
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """Split `optimizer.state_dict()` into tensors (for safetensors) and JSON metadata."""
+    sd = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for idx, per_param in sd["state"].items():
+        for key, value in per_param.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optim.{idx}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(idx), {})[key] = value
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def load_optimizer_tensors(
+    optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict, where: str
+) -> None:
+    """Inverse of `optimizer_tensors`; a state that does not fit the model is a CheckpointError."""
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        if name.startswith("optim."):
+            _, idx, key = name.split(".", 2)
+            state.setdefault(int(idx), {})[key] = value
+    for idx, values in meta.get("scalars", {}).items():
+        state.setdefault(int(idx), {}).update(values)
+    own = optimizer.state_dict()["param_groups"]
+    groups = meta.get("param_groups", [])
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in own]:
+        raise CheckpointError(f"{where}: optimizer state does not fit this model's parameters")
+    try:
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise CheckpointError(f"{where}: bad optimizer state: {e}") from None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    model: _ModelBase,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    rng: dict[str, torch.Tensor],
+) -> Path:
+    """Write `checkpoints/step_<state["step"]>` atomically (temporary dir, fsync, rename)."""
+    import shutil
+
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{int(state['step']):08d}"
+    tmp = root / f".tmp_{name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_model_dir(model, tmp)
+    opt_tensors, opt_meta = optimizer_tensors(optimizer)
+    save_tensors(tmp / OPTIM_FILE, {**opt_tensors, **{f"rng.{k}": v for k, v in rng.items()}})
+    atomic_write_json(
+        tmp / STATE_FILE, {"format": STATE_FORMAT, "optimizer": opt_meta, **state}
+    )
+    final = root / name
+    if final.exists():  # the same step saved twice (e.g. interrupted right after a save)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    return final
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first (temporary directories are ignored)."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = [p for p in root.glob("step_*") if p.is_dir() and p.name[5:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[5:]))
+
+
+def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints (at least one is always kept)."""
+    import shutil
+
+    for old in list_checkpoints(run_dir)[: -max(keep, 1)]:
+        shutil.rmtree(old)
+
+
+def load_checkpoint_state(ckpt: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The tensors (`optim.*`, `rng.*`) and JSON state of one checkpoint, checked."""
+    ckpt = Path(ckpt)
+    path = ckpt / STATE_FILE
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{ckpt} has no {STATE_FILE}: not a training checkpoint") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is corrupt: {e}") from None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise CheckpointError(f"{path} is not an aiayn training state")
+    for key in ("step", "epoch", "batch_in_epoch", "optimizer"):
+        if key not in state:
+            raise CheckpointError(f"{path} is missing {key!r}")
+    return load_tensors(ckpt / OPTIM_FILE), state
+
+
+def average_checkpoints(dirs: list[Path]) -> dict[str, torch.Tensor]:
+    """Element-wise mean of the weights of several model directories (Vaswani et al. §6.1).
+
+    All must share one config (same tensor names and shapes); the sum is taken in float64.
+    """
+    if not dirs:
+        raise CheckpointError("no checkpoints to average")
+    first_cfg = read_model_meta(dirs[0])["model"]
+    total: dict[str, torch.Tensor] = {}
+    for d in dirs:
+        if read_model_meta(d)["model"] != first_cfg:
+            raise CheckpointError(f"{d} has a different model config from {dirs[0]}")
+        tensors = load_tensors(Path(d) / WEIGHTS_FILE)
+        if total and set(tensors) != set(total):
+            raise CheckpointError(f"{d} holds different tensors from {dirs[0]}")
+        for name, t in tensors.items():
+            total[name] = total.get(name, 0) + t.double()
+    ref = load_tensors(Path(dirs[0]) / WEIGHTS_FILE)
+    return {name: (t / len(dirs)).to(ref[name].dtype) for name, t in total.items()}

@@ -65,8 +65,10 @@ class ModelConfig:
                 self.positional in ("sinusoidal", "learned"),
                 f"positional={self.positional!r}: choose 'sinusoidal' or 'learned'",
             ),
-            (not self.positional == "sinusoidal" or self.d_model % 2 == 0,
-             "sinusoidal positions need an even d_model"),
+            (
+                self.positional != "sinusoidal" or self.d_model % 2 == 0,
+                "sinusoidal positions need an even d_model",
+            ),
             (
                 all(0 <= i < self.vocab_size for i in (self.pad_id, self.bos_id, self.eos_id)),
                 f"special ids pad/bos/eos={self.pad_id}/{self.bos_id}/{self.eos_id} "
@@ -215,8 +217,7 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
     unknown = set(data) - names
     if unknown:
         raise ConfigError(
-            f"unknown key(s) {sorted(unknown)} in [{where or cls.__name__}]; "
-            f"known: {sorted(names)}"
+            f"unknown key(s) {sorted(unknown)} in [{where or cls.__name__}]; known: {sorted(names)}"
         )
     kwargs = {}
     for name, value in data.items():

@@ -245,7 +245,7 @@ class MultiHeadAttention(nn.Module):
             if dropout_p:  # same as SDPA: dropout on the weights, i.e. on their product with V
                 weights_drop = F.dropout(weights_BHTS, dropout_p, training=True)
                 heads_BHTK = weights_drop @ v_BHSK
-        elif causal and keep_mask is None and T == k_BHSK.size(2):
+        elif causal and keep_mask is None and k_BHSK.size(2) == T:
             heads_BHTK = fused_attention(q_BHTK, k_BHSK, v_BHSK, causal=True, dropout_p=dropout_p)
         else:
             if causal:
@@ -374,10 +374,14 @@ class EncoderLayer(nn.Module):
             x_BSD = _residual(x_BSD, self.dropout(ff_BSD), f"{self.trace_name}.residual2")
         else:
             a = sa(x_BSD)
-            x_BSD = self.norm1(_residual(x_BSD, self.dropout(a.output), f"{self.trace_name}.residual1"))
+            x_BSD = self.norm1(
+                _residual(x_BSD, self.dropout(a.output), f"{self.trace_name}.residual1")
+            )
             _tap(f"{self.trace_name}.norm1", x_BSD)
             ff_BSD = self.ffn(x_BSD)
-            x_BSD = self.norm2(_residual(x_BSD, self.dropout(ff_BSD), f"{self.trace_name}.residual2"))
+            x_BSD = self.norm2(
+                _residual(x_BSD, self.dropout(ff_BSD), f"{self.trace_name}.residual2")
+            )
             _tap(f"{self.trace_name}.norm2", x_BSD)
         return x_BSD, a.attention
 
@@ -405,7 +409,9 @@ class DecoderLayer(nn.Module):
         name = f"{self.trace_name}.residual{i}"
         if self.norm_first:
             out = fn(norm(x_BTD))
-            y, attn = (out.output, out.attention) if isinstance(out, AttentionOutput) else (out, None)
+            y, attn = (
+                (out.output, out.attention) if isinstance(out, AttentionOutput) else (out, None)
+            )
             return _residual(x_BTD, self.dropout(y), name), attn
         out = fn(x_BTD)
         y, attn = (out.output, out.attention) if isinstance(out, AttentionOutput) else (out, None)
@@ -634,7 +640,9 @@ class _ModelBase(nn.Module):
     def check_ids(self, ids: Tensor, what: str) -> None:
         """Raise a clear ValueError for ids that are not a (B, T) long tensor inside the vocab."""
         if ids.dim() != 2:
-            raise ValueError(f"{what} must be a (batch, length) tensor, got shape {tuple(ids.shape)}")
+            raise ValueError(
+                f"{what} must be a (batch, length) tensor, got shape {tuple(ids.shape)}"
+            )
         if ids.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"{what} must hold integer token ids, got {ids.dtype}")
         if ids.size(1) > self.cfg.max_len:
@@ -712,7 +720,7 @@ class Transformer(_ModelBase):
     def decode(
         self, tgt_in_BT: Tensor, memory: Memory, *, return_attention: bool = False
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        """Decoder + output projection over a whole target prefix: (logits_BTV, self, cross maps)."""
+        """Decoder + output layer over a target prefix: (logits_BTV, self maps, cross maps)."""
         self.check_ids(tgt_in_BT, "target")
         y_BTD = self.tgt_embed(tgt_in_BT)
         y_BTD, self_maps, cross_maps = self.decoder(
@@ -731,9 +739,7 @@ class Transformer(_ModelBase):
         """
         memory, enc_maps = self._encode(src_BS, return_attention=return_attention)
         if tgt_in_BT.size(0) != src_BS.size(0):
-            raise ValueError(
-                f"source batch {src_BS.size(0)} != target batch {tgt_in_BT.size(0)}"
-            )
+            raise ValueError(f"source batch {src_BS.size(0)} != target batch {tgt_in_BT.size(0)}")
         logits_BTV, self_maps, cross_maps = self.decode(
             tgt_in_BT, memory, return_attention=return_attention
         )
@@ -816,9 +822,9 @@ class DecoderLM(_ModelBase):
             self.generator.weight = tokens.weight
         self._name_for_trace()
 
-    def forward(self, ids_BT: Tensor, *, return_attention: bool = False) -> Tensor | tuple[
-        Tensor, list[Tensor]
-    ]:
+    def forward(
+        self, ids_BT: Tensor, *, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Next-token logits (B, T, V) at every position; position t sees tokens 0..t only."""
         self.check_ids(ids_BT, "input")
         y_BTD, maps = self.decoder(

@@ -116,9 +116,9 @@ class Tokenizer:
         ids = self.sp.encode(text, out_type=int)
         return ([BOS_ID] if bos else []) + ids + ([EOS_ID] if eos else [])
 
-    def encode_batch(self, texts: Sequence[str], *, bos: bool = False, eos: bool = True) -> list[
-        list[int]
-    ]:
+    def encode_batch(
+        self, texts: Sequence[str], *, bos: bool = False, eos: bool = True
+    ) -> list[list[int]]:
         pre, post = [BOS_ID] if bos else [], [EOS_ID] if eos else []
         return [pre + ids + post for ids in self.sp.encode(list(texts), out_type=int)]
 

@@ -1,0 +1,73 @@
+"""Frozen configs, TOML files and typed --set overrides."""
+
+import dataclasses
+
+import pytest
+
+from aiayn.config import Config, ModelConfig, apply_overrides, load_config
+from aiayn.errors import ConfigError
+
+
+def test_presets_and_frozen():
+    cfg = ModelConfig.preset("paper_big", vocab_size=100)
+    assert (cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff, cfg.dropout) == (
+        1024,
+        16,
+        6,
+        4096,
+        0.3,
+    )
+    assert cfg.d_k == 64
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.d_model = 3  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="needs vocab_size"):
+        ModelConfig.preset("paper_base")
+
+
+def test_toml_with_preset_and_typed_overrides(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\npreset = "cpu_small"\ndropout = 0.2\n[train]\nmax_tokens = 2048\n')
+    cfg = load_config(
+        path,
+        [
+            "train.warmup_steps=8_000",
+            "model.norm_first=true",
+            "train.adam_betas=0.9,0.997",
+            "train.lr_schedule=cosine",
+        ],
+    )
+    assert cfg.model.d_model == 256 and cfg.model.dropout == 0.2 and cfg.model.norm_first is True
+    assert cfg.train.max_tokens == 2048 and cfg.train.warmup_steps == 8000
+    assert cfg.train.adam_betas == (0.9, 0.997) and cfg.train.lr_schedule == "cosine"
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("train.max_tokens=lots", "expected int"),
+        ("train.max_token=5", "has no field 'max_token'"),
+        ("model.norm_first=maybe", "expected bool"),
+        ("train.lr_schedule=linear", "choose one of"),
+        ("max_tokens=5", "expected model|train|decode.FIELD=VALUE"),
+        ("model.n_heads=3", "not divisible"),
+    ],
+)
+def test_bad_overrides_are_clear(override, message):
+    cfg = Config(model=ModelConfig(vocab_size=10, d_model=8, n_heads=2))
+    with pytest.raises(ConfigError, match=message):
+        apply_overrides(cfg, [override])
+
+
+def test_bad_files_are_clear(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    bad.write_text("[modle]\n")
+    with pytest.raises(ConfigError, match="unknown table"):
+        load_config(bad)
+    bad.write_text("[model]\nd_modle = 3\n")
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_config(bad)

@@ -1,0 +1,472 @@
+"""The model against its oracles: torch.nn modules on copied weights, the NumPy reference,
+and the invariants (causality, padding, permutation equivariance, cache == no cache)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+
+from aiayn import reference
+from aiayn.config import ModelConfig
+from aiayn.errors import ConfigError
+from aiayn.model import (
+    DecoderLayer,
+    DecoderLM,
+    EncoderClassifier,
+    EncoderLayer,
+    MultiHeadAttention,
+    Transformer,
+    attention,
+    count_parameters,
+    fused_attention,
+    self_attention_unparameterised,
+    tracing,
+)
+
+TOL = dict(rtol=1e-5, atol=1e-5)  # fp32 parity
+
+
+@pytest.fixture(autouse=True)
+def _no_fastpath():
+    # nn.Transformer*'s inference fast path returns nested tensors that zero padded rows; the
+    # oracle is the documented math path.
+    torch.backends.mha.set_fastpath_enabled(False)
+    yield
+    torch.backends.mha.set_fastpath_enabled(True)
+
+
+def copy_mha(ref: nn.MultiheadAttention, ours: MultiHeadAttention) -> None:
+    with torch.no_grad():
+        ours.in_proj.weight.copy_(ref.in_proj_weight)
+        ours.in_proj.bias.copy_(ref.in_proj_bias)
+        ours.out_proj.weight.copy_(ref.out_proj.weight)
+        ours.out_proj.bias.copy_(ref.out_proj.bias)
+
+
+def copy_layer(ref: nn.Module, ours: nn.Module) -> None:
+    copy_mha(ref.self_attn, ours.self_attn)
+    if hasattr(ref, "multihead_attn"):
+        copy_mha(ref.multihead_attn, ours.cross_attn)
+    pairs = [("linear1", "ffn.w_1"), ("linear2", "ffn.w_2"), ("norm1", "norm1"), ("norm2", "norm2")]
+    if hasattr(ref, "norm3"):
+        pairs.append(("norm3", "norm3"))
+    with torch.no_grad():
+        for r, o in pairs:
+            src, dst = ref.get_submodule(r), ours.get_submodule(o)
+            dst.weight.copy_(src.weight)
+            dst.bias.copy_(src.bias)
+
+
+def layer_cfg(norm_first: bool) -> ModelConfig:
+    return ModelConfig(
+        vocab_size=11,
+        d_model=16,
+        n_heads=4,
+        n_layers=2,
+        d_ff=24,
+        dropout=0.0,
+        norm_first=norm_first,
+    )
+
+
+# --- attention ------------------------------------------------------------------------------
+
+
+def test_fused_and_explicit_attention_agree_with_masks():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 8)
+    keep = torch.rand(2, 1, 5, 7) > 0.3
+    keep[0, 0, 2] = False  # a row with nothing to attend to
+    out, w = attention(q, k, v, keep)
+    torch.testing.assert_close(out, fused_attention(q, k, v, keep), **TOL)
+    assert not torch.isnan(out).any() and not torch.isnan(w).any()
+    assert torch.all(out[0, :, 2] == 0) and torch.all(w[0, :, 2] == 0)
+    torch.testing.assert_close(w.sum(-1)[keep.any(-1).expand(2, 3, 5)], torch.ones(2 * 3 * 5 - 3))
+
+
+def test_fused_causal_matches_explicit_causal():
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 6, 4) for _ in range(3))
+    keep = torch.tril(torch.ones(6, 6, dtype=torch.bool))
+    torch.testing.assert_close(
+        fused_attention(q, k, v, causal=True), attention(q, k, v, keep)[0], **TOL
+    )
+
+
+def test_fully_masked_rows_have_zero_gradient_not_nan():
+    q = torch.randn(1, 1, 2, 4, requires_grad=True)
+    k, v = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
+    keep = torch.tensor([[True, False, True], [False, False, False]])
+    out, _ = attention(q, k, v, keep)
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all() and torch.all(q.grad[0, 0, 1] == 0)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_mha_matches_torch_multihead_attention(cross):
+    torch.manual_seed(2)
+    D, H, B, T, S = 16, 4, 3, 5, 7
+    ref = nn.MultiheadAttention(D, H, batch_first=True).eval()
+    ours = MultiHeadAttention(D, H).eval()
+    copy_mha(ref, ours)
+    x = torch.randn(B, T, D)
+    mem = torch.randn(B, S, D) if cross else x
+    keep_BS = torch.ones(B, mem.size(1), dtype=torch.bool)
+    keep_BS[1, -3:] = False
+    expected, expected_w = ref(x, mem, mem, key_padding_mask=~keep_BS, average_attn_weights=False)
+    got = ours(x, mem, keep_mask=keep_BS[:, None, None, :], return_attention=True)
+    torch.testing.assert_close(got.output, expected, **TOL)
+    torch.testing.assert_close(got.attention, expected_w, **TOL)
+    # the fused path (no weights requested) gives the same output
+    torch.testing.assert_close(ours(x, mem, keep_BS[:, None, None, :]).output, expected, **TOL)
+
+
+@given(n=st.integers(1, 10), seed=st.integers(0, 2**16))
+def test_self_attention_is_permutation_equivariant(n, seed):
+    torch.manual_seed(seed)
+    mha = MultiHeadAttention(16, 4).eval()
+    x_BTD, perm = torch.randn(2, n, 16), torch.randperm(n)
+    y_BTD = mha(x_BTD, x_BTD).output
+    torch.testing.assert_close(mha(x_BTD[:, perm], x_BTD[:, perm]).output, y_BTD[:, perm], **TOL)
+    y0 = self_attention_unparameterised(x_BTD)
+    torch.testing.assert_close(self_attention_unparameterised(x_BTD[:, perm]), y0[:, perm], **TOL)
+
+
+def test_unparameterised_self_attention_is_a_weighted_average():
+    x = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]])
+    w = torch.softmax(x[0] @ x[0].T, dim=1)
+    torch.testing.assert_close(self_attention_unparameterised(x)[0], w @ x[0])
+
+
+# --- layers and stacks against torch.nn ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_layer_matches_torch(norm_first):
+    torch.manual_seed(3)
+    cfg = layer_cfg(norm_first)
+    ref = nn.TransformerEncoderLayer(
+        16, 4, 24, dropout=0.0, batch_first=True, norm_first=norm_first
+    )
+    ours = EncoderLayer(cfg)
+    copy_layer(ref, ours)
+    ref.eval(), ours.eval()
+    x = torch.randn(2, 6, 16)
+    keep_BS = torch.ones(2, 6, dtype=torch.bool)
+    keep_BS[0, 4:] = False
+    expected = ref(x, src_key_padding_mask=~keep_BS)
+    got, _ = ours(x, keep_BS[:, None, None, :])
+    torch.testing.assert_close(got[keep_BS], expected[keep_BS], **TOL)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_layer_matches_torch(norm_first):
+    torch.manual_seed(4)
+    cfg = layer_cfg(norm_first)
+    ref = nn.TransformerDecoderLayer(
+        16, 4, 24, dropout=0.0, batch_first=True, norm_first=norm_first
+    )
+    ours = DecoderLayer(cfg)
+    copy_layer(ref, ours)
+    ref.eval(), ours.eval()
+    y, mem = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    keep_BS = torch.ones(2, 7, dtype=torch.bool)
+    keep_BS[1, 3:] = False
+    causal = nn.Transformer.generate_square_subsequent_mask(5)
+    expected = ref(y, mem, tgt_mask=causal, memory_key_padding_mask=~keep_BS, tgt_is_causal=True)
+    got, _, _ = ours(y, mem, keep_BS[:, None, None, :])
+    torch.testing.assert_close(got, expected, **TOL)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_decoder_stack_matches_nn_transformer(norm_first):
+    torch.manual_seed(5)
+    cfg = layer_cfg(norm_first)
+    ref = nn.Transformer(16, 4, 2, 2, 24, dropout=0.0, batch_first=True, norm_first=norm_first)
+    if not norm_first:  # nn.Transformer always adds final norms; the paper's post-LN has none
+        ref.encoder.norm = None
+        ref.decoder.norm = None
+    ours = Transformer(cfg)
+    for r, o in zip(ref.encoder.layers, ours.encoder.layers, strict=True):
+        copy_layer(r, o)
+    for r, o in zip(ref.decoder.layers, ours.decoder.layers, strict=True):
+        copy_layer(r, o)
+    if norm_first:
+        ours.encoder.norm.load_state_dict(ref.encoder.norm.state_dict())
+        ours.decoder.norm.load_state_dict(ref.decoder.norm.state_dict())
+    ref.eval(), ours.eval()
+    x, y = torch.randn(2, 7, 16), torch.randn(2, 5, 16)
+    keep_BS = torch.ones(2, 7, dtype=torch.bool)
+    keep_BS[0, 5:] = False
+    expected = ref(
+        x,
+        y,
+        tgt_mask=nn.Transformer.generate_square_subsequent_mask(5),
+        src_key_padding_mask=~keep_BS,
+        memory_key_padding_mask=~keep_BS,
+        tgt_is_causal=True,
+    )
+    mem, _ = ours.encoder(x, keep_BS[:, None, None, :])
+    got, _, _ = ours.decoder(y, mem, keep_BS[:, None, None, :])
+    torch.testing.assert_close(got, expected, **TOL)
+
+
+# --- the whole model against the NumPy reference --------------------------------------------------
+
+VARIANTS = [
+    dict(),
+    dict(norm_first=True),
+    dict(positional="learned", share_embeddings=False, tie_output=False),
+]
+
+
+def random_batch(cfg, B=3, S=7, T=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, cfg.vocab_size, (B, S), generator=g)
+    tgt = torch.randint(4, cfg.vocab_size, (B, T), generator=g)
+    src[0, 5:] = cfg.pad_id
+    tgt[1, 4:] = cfg.pad_id
+    return src, tgt
+
+
+@pytest.mark.parametrize("overrides", VARIANTS, ids=["post_ln", "pre_ln", "learned_untied"])
+def test_model_matches_numpy_reference(tiny_cfg, overrides):
+    cfg = dataclasses.replace(tiny_cfg, **overrides)
+    torch.manual_seed(6)
+    model = Transformer(cfg).eval()
+    if cfg.positional == "learned":
+        nn.init.normal_(model.src_embed.learned.weight)
+        nn.init.normal_(model.tgt_embed.learned.weight)
+    src, tgt = random_batch(cfg)
+    got = model(src, tgt).detach().double().numpy()
+    expected = reference.transformer_forward(
+        reference.weights_of(model), cfg, src.numpy(), tgt.numpy()
+    )
+    tgt_real = (tgt != cfg.pad_id).numpy()
+    np.testing.assert_allclose(got[tgt_real], expected[tgt_real], rtol=1e-5, atol=1e-5)
+
+
+def test_reference_positional_encoding_matches_model():
+    from aiayn.model import sinusoidal_positions
+
+    np.testing.assert_allclose(
+        sinusoidal_positions(50, 12).double().numpy(),
+        reference.positional_encoding(50, 12),
+        atol=1e-6,
+    )
+
+
+# --- invariants -----------------------------------------------------------------------------------
+
+
+def test_causality_future_target_tokens_do_not_change_earlier_logits(tiny_cfg):
+    torch.manual_seed(7)
+    model = Transformer(tiny_cfg).eval()
+    src, tgt = random_batch(tiny_cfg)
+    tgt[1] = torch.randint(4, tiny_cfg.vocab_size, (tgt.size(1),))
+    base = model(src, tgt)
+    for t in range(tgt.size(1)):
+        changed = tgt.clone()
+        changed[:, t] = (changed[:, t] + 1 - 4) % (tiny_cfg.vocab_size - 4) + 4
+        out = model(src, changed)
+        torch.testing.assert_close(out[:, :t], base[:, :t], **TOL)
+        assert not torch.allclose(out[:, t], base[:, t])
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_padding_invariance(tiny_cfg, norm_first):
+    cfg = dataclasses.replace(tiny_cfg, norm_first=norm_first)
+    torch.manual_seed(8)
+    model = Transformer(cfg).eval()
+    src = torch.randint(4, cfg.vocab_size, (2, 5))
+    tgt = torch.randint(4, cfg.vocab_size, (2, 4))
+    base = model(src, tgt)
+    pad = torch.full((2, 3), cfg.pad_id)
+    torch.testing.assert_close(model(torch.cat([src, pad], 1), tgt), base, **TOL)
+    torch.testing.assert_close(model(src, torch.cat([tgt, pad], 1))[:, :4], base, **TOL)
+    both = model(torch.cat([src, pad], 1), torch.cat([tgt, pad[:, :1]], 1))
+    torch.testing.assert_close(both[:, :4], base, **TOL)
+
+
+def test_batch_of_mixed_lengths_equals_one_by_one(tiny_cfg):
+    torch.manual_seed(9)
+    model = Transformer(tiny_cfg).eval()
+    src, tgt = random_batch(tiny_cfg)
+    batch = model(src, tgt)
+    for b in range(src.size(0)):
+        s = src[b][src[b] != tiny_cfg.pad_id][None]
+        t = tgt[b][tgt[b] != tiny_cfg.pad_id][None]
+        torch.testing.assert_close(model(s, t)[0], batch[b, : t.size(1)], **TOL)
+
+
+def test_kv_cached_decoding_equals_full_forward(tiny_cfg):
+    for norm_first in (False, True):
+        cfg = dataclasses.replace(tiny_cfg, norm_first=norm_first)
+        torch.manual_seed(10)
+        model = Transformer(cfg).eval()
+        src, tgt = random_batch(cfg)
+        tgt[1] = 5  # no PAD in the fed prefix
+        full = model(src, tgt)
+        memory = model.encode(src)
+        cache = model.init_cache(memory, capacity=tgt.size(1))
+        steps = []
+        for t in range(tgt.size(1)):
+            logits, cache = model.decode_step(tgt[:, t : t + 1], memory, cache)
+            steps.append(logits)
+        torch.testing.assert_close(torch.stack(steps, 1), full, **TOL)
+        # feeding several positions at once (a forced prefix) gives the same last logits
+        cache = model.init_cache(memory, capacity=tgt.size(1))
+        logits, cache = model.decode_step(tgt[:, :3], memory, cache)
+        torch.testing.assert_close(logits, full[:, 2], **TOL)
+        logits, _ = model.decode_step(tgt[:, 3:4], memory, cache)
+        torch.testing.assert_close(logits, full[:, 3], **TOL)
+
+
+def test_kv_cache_index_select_reorders_rows(tiny_cfg):
+    torch.manual_seed(11)
+    model = Transformer(tiny_cfg).eval()
+    src, tgt = random_batch(tiny_cfg)
+    memory = model.encode(src)
+    cache = model.init_cache(memory, capacity=8)
+    _, cache = model.decode_step(tgt[:, :2], memory, cache)
+    idx = torch.tensor([2, 0, 1])
+    reordered = cache.index_select(idx)
+    logits, _ = model.decode_step(tgt[idx, 2:3], memory.index_select(idx), reordered)
+    full = model(src[idx], tgt[idx, :3])
+    torch.testing.assert_close(logits, full[:, 2], **TOL)
+
+
+def test_return_attention_shapes_and_same_logits(tiny_cfg):
+    torch.manual_seed(12)
+    model = Transformer(tiny_cfg).eval()
+    src, tgt = random_batch(tiny_cfg)
+    logits, maps = model(src, tgt, return_attention=True)
+    torch.testing.assert_close(logits, model(src, tgt), **TOL)
+    L, H = tiny_cfg.n_layers, tiny_cfg.n_heads
+    assert [m.shape for m in maps.enc_self] == [(3, H, 7, 7)] * L
+    assert [m.shape for m in maps.dec_self] == [(3, H, 6, 6)] * L
+    assert [m.shape for m in maps.cross] == [(3, H, 6, 7)] * L
+    assert torch.all(maps.cross[0][0, :, :, 5:] == 0)  # padded source positions get no weight
+    assert torch.all(torch.triu(maps.dec_self[0], diagonal=1) == 0)  # causal
+
+
+def test_tracing_records_the_real_forward_pass(tiny_cfg):
+    torch.manual_seed(13)
+    model = Transformer(tiny_cfg).eval()
+    src, tgt = random_batch(tiny_cfg)
+    plain = model(src, tgt)
+    with tracing() as trace:
+        traced = model(src, tgt)
+    torch.testing.assert_close(traced, plain, **TOL)
+    names = list(trace.tensors)
+    for name in [
+        "src_embed.tokens",
+        "src_embed.positions",
+        "src_embed.sum",
+        "encoder.layers.0.self_attn.q",
+        "encoder.layers.0.self_attn.scores_scaled",
+        "encoder.layers.0.self_attn.weights",
+        "encoder.layers.1.ffn.hidden",
+        "decoder.layers.1.cross_attn.weights",
+        "decoder.layers.0.norm3",
+        "generator.logits",
+    ]:
+        assert name in names, name
+    torch.testing.assert_close(trace.tensors["generator.logits"], plain, **TOL)
+    assert names.index("src_embed.sum") < names.index("encoder.layers.0.self_attn.q")
+
+
+def test_gradients_reach_every_parameter(tiny_cfg):
+    for overrides in VARIANTS:
+        cfg = dataclasses.replace(tiny_cfg, **overrides)
+        model = Transformer(cfg)
+        src, tgt = random_batch(cfg)
+        model(src, tgt).sum().backward()
+        for name, p in model.named_parameters():
+            assert p.grad is not None and torch.isfinite(p.grad).all(), name
+            assert p.grad.abs().sum() > 0, name
+
+
+def test_layers_start_from_independent_random_weights(tiny_cfg):
+    model = Transformer(tiny_cfg)
+    w0 = model.encoder.layers[0].self_attn.in_proj.weight
+    w1 = model.encoder.layers[1].self_attn.in_proj.weight
+    assert not torch.equal(w0, w1)
+    q, k, _ = w0.chunk(3)
+    assert not torch.equal(q, k)
+
+
+def test_tied_embeddings_are_one_tensor(tiny_cfg):
+    model = Transformer(tiny_cfg)
+    assert model.src_embed.tokens.weight is model.tgt_embed.tokens.weight
+    assert model.generator.weight is model.tgt_embed.tokens.weight
+    untied = Transformer(dataclasses.replace(tiny_cfg, share_embeddings=False, tie_output=False))
+    assert untied.generator.weight is not untied.tgt_embed.tokens.weight
+    assert count_parameters(untied) == count_parameters(model) + 2 * 50 * 16
+
+
+@pytest.mark.parametrize("preset,paper", [("paper_base", 65e6), ("paper_big", 213e6)])
+def test_parameter_count_matches_table_3(preset, paper):
+    with torch.device("meta"):  # no memory or init time for 213M parameters
+        model = Transformer(ModelConfig.preset(preset, vocab_size=37000))
+    assert abs(count_parameters(model) - paper) / paper < 0.05
+
+
+# --- variants from the same blocks -------------------------------------------------------
+
+
+def test_encoder_classifier_ignores_padding(tiny_cfg):
+    torch.manual_seed(14)
+    clf = EncoderClassifier(tiny_cfg, n_classes=3).eval()
+    ids = torch.randint(4, 50, (2, 5))
+    out = clf(ids)
+    assert out.shape == (2, 3)
+    padded = torch.cat([ids, torch.zeros(2, 4, dtype=torch.long)], 1)
+    torch.testing.assert_close(clf(padded), out, **TOL)
+
+
+def test_decoder_lm_is_causal(tiny_cfg):
+    torch.manual_seed(15)
+    lm = DecoderLM(tiny_cfg).eval()
+    ids = torch.randint(4, 50, (2, 6))
+    base = lm(ids)
+    assert base.shape == (2, 6, 50)
+    changed = ids.clone()
+    changed[:, 3] = 7 if int(ids[0, 3]) != 7 else 8
+    torch.testing.assert_close(lm(changed)[:, :3], base[:, :3], **TOL)
+    assert lm.generator.weight is lm.embed.tokens.weight
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+
+def test_bad_config_values_are_clear_errors():
+    with pytest.raises(ConfigError, match="not divisible by n_heads"):
+        ModelConfig(vocab_size=10, d_model=10, n_heads=3)
+    with pytest.raises(ConfigError, match="dropout"):
+        ModelConfig(vocab_size=10, d_model=8, n_heads=2, dropout=1.5)
+    with pytest.raises(ConfigError, match="unknown preset"):
+        ModelConfig.preset("paper_huge", vocab_size=10)
+    with pytest.raises(ValueError, match="not divisible"):
+        MultiHeadAttention(10, 3)
+
+
+def test_bad_inputs_are_clear_value_errors(tiny_cfg):
+    model = Transformer(tiny_cfg).eval()
+    ok = torch.randint(4, 50, (2, 5))
+    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 50\)"):
+        model(torch.full((2, 5), 50), ok)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model(ok, torch.full((2, 5), -1))
+    with pytest.raises(ValueError, match=r"\(batch, length\) tensor"):
+        model(ok[0], ok)
+    with pytest.raises(ValueError, match="integer token ids"):
+        model(ok.float(), ok)
+    with pytest.raises(ValueError, match="max_len=64"):
+        model(torch.randint(4, 50, (1, 65)), ok[:1])
+    with pytest.raises(ValueError, match="source batch 2 != target batch 1"):
+        model(ok, ok[:1])

@@ -1,0 +1,107 @@
+"""The model directory: save/load round trips, and clear errors for everything that is not one."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from aiayn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model_dir
+from aiayn.cli import main
+from aiayn.errors import CheckpointError
+from aiayn.model import DecoderLM, EncoderClassifier, Transformer
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"share_embeddings": False, "tie_output": False},
+        {"positional": "learned", "norm_first": True},
+    ],
+)
+def test_save_load_round_trip_is_exact(tmp_path, tiny_cfg, overrides):
+    cfg = dataclasses.replace(tiny_cfg, **overrides)
+    model = Transformer(cfg).eval()
+    model.save(tmp_path / "m")
+    loaded = Transformer.load(tmp_path / "m")
+    assert loaded.cfg == cfg
+    for (n1, p1), (n2, p2) in zip(
+        model.state_dict().items(), loaded.state_dict().items(), strict=True
+    ):
+        assert n1 == n2 and torch.equal(p1, p2), n1
+    src = torch.randint(4, 50, (2, 5))
+    torch.testing.assert_close(loaded(src, src), model(src, src), rtol=0, atol=0)
+    if cfg.tie_output:  # tying survives the round trip (stored once, shared again on load)
+        assert loaded.generator.weight is loaded.tgt_embed.tokens.weight
+
+
+def test_variants_round_trip(tmp_path, tiny_cfg):
+    EncoderClassifier(tiny_cfg, n_classes=4).save(tmp_path / "clf")
+    DecoderLM(tiny_cfg).save(tmp_path / "lm")
+    assert load_model_dir(tmp_path / "clf").n_classes == 4
+    assert isinstance(load_model_dir(tmp_path / "lm"), DecoderLM)
+    with pytest.raises(CheckpointError, match="holds a DecoderLM, not a Transformer"):
+        Transformer.load(tmp_path / "lm")
+
+
+def test_nothing_is_pickled(tmp_path, tiny_cfg):
+    Transformer(tiny_cfg).save(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CONFIG_FILE, WEIGHTS_FILE]
+    json.loads((tmp_path / CONFIG_FILE).read_text())  # plain JSON
+
+
+def test_missing_and_foreign_directories(tmp_path):
+    with pytest.raises(CheckpointError, match="not found"):
+        Transformer.load(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="not an aiayn model directory"):
+        Transformer.load(tmp_path)
+    (tmp_path / CONFIG_FILE).write_text('{"model_type": "marian"}')
+    with pytest.raises(CheckpointError, match="not an aiayn model config"):
+        Transformer.load(tmp_path)
+    (tmp_path / CONFIG_FILE).write_text("{not json")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        Transformer.load(tmp_path)
+
+
+def test_corrupt_weights(tmp_path, tiny_cfg):
+    Transformer(tiny_cfg).save(tmp_path)
+    data = (tmp_path / WEIGHTS_FILE).read_bytes()
+    (tmp_path / WEIGHTS_FILE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="not a readable safetensors file"):
+        Transformer.load(tmp_path)
+    (tmp_path / WEIGHTS_FILE).unlink()
+    with pytest.raises(CheckpointError, match="missing model.safetensors"):
+        Transformer.load(tmp_path)
+
+
+def test_weights_that_do_not_fit_the_config(tmp_path, tiny_cfg):
+    Transformer(tiny_cfg).save(tmp_path / "a")
+    Transformer(dataclasses.replace(tiny_cfg, d_ff=48)).save(tmp_path / "b")
+    (tmp_path / "a" / WEIGHTS_FILE).write_bytes((tmp_path / "b" / WEIGHTS_FILE).read_bytes())
+    with pytest.raises(CheckpointError, match=r"ffn.w_1.weight has shape \(48, 16\)"):
+        Transformer.load(tmp_path / "a")
+    Transformer(dataclasses.replace(tiny_cfg, n_layers=3)).save(tmp_path / "c")
+    (tmp_path / "a" / WEIGHTS_FILE).write_bytes((tmp_path / "c" / WEIGHTS_FILE).read_bytes())
+    with pytest.raises(CheckpointError, match="unexpected"):
+        Transformer.load(tmp_path / "a")
+
+
+def test_bad_config_json_value(tmp_path, tiny_cfg):
+    Transformer(tiny_cfg).save(tmp_path)
+    meta = json.loads((tmp_path / CONFIG_FILE).read_text())
+    meta["model"]["n_heads"] = 3
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="not divisible by n_heads"):
+        Transformer.load(tmp_path)
+
+
+def test_cli_reports_a_bad_model_directory_in_one_line(tmp_path, capsys):
+    assert main(["info", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not an aiayn model directory" in err
+
+
+def test_cli_info_on_a_preset(capsys):
+    assert main(["info", "--preset", "paper_base", "--vocab-size", "37000"]) == 0
+    assert '"parameters": 63082496' in capsys.readouterr().out
