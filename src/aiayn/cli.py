@@ -45,10 +45,42 @@ def _run_info(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- data -----------------------------------------------------------------------------------------
+
+
+def _add_data(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("data", help="make corpora (`data synth`: the built-in corpus)")
+    data_sub = p.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
+    s = data_sub.add_parser(
+        "synth",
+        help="numbers or dates in words, as line-aligned parallel files (docs/synthetic.md)",
+    )
+    s.add_argument("--task", choices=("numbers", "dates"), required=True)
+    s.add_argument("--src", required=True, help="source language, e.g. en")
+    s.add_argument("--tgt", required=True, help="target language, e.g. de")
+    s.add_argument("--n", type=int, required=True, help="training pairs")
+    s.add_argument("--valid", type=int, default=1000, help="validation pairs (default 1000)")
+    s.add_argument("--test", type=int, default=1000, help="test pairs (default 1000)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", type=Path, required=True, help="directory for {train,valid,test}.LANG")
+
+
+def _run_data(args: argparse.Namespace) -> int:
+    from aiayn.synthetic import write_corpus
+
+    written = write_corpus(
+        args.out, args.task, args.src, args.tgt, args.n, args.valid, args.test, args.seed
+    )
+    for split, (src_path, tgt_path, n) in written.items():
+        print(f"{split}: {n} pairs  {src_path}  {tgt_path}")
+    return 0
+
+
 # --- main -----------------------------------------------------------------------------------------
 
 COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable[..., int]]] = {
     "info": (_add_info, _run_info),
+    "data": (_add_data, _run_data),
 }
 
 
