@@ -1,0 +1,255 @@
+"""Search: scripted-probability beam search (fairseq-style), cache parity, invariances."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from aiayn.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig, ModelConfig
+from aiayn.decode import (
+    beam_search,
+    greedy_decode,
+    greedy_search,
+    length_penalty,
+    max_output_lengths,
+    sample_search,
+    search,
+    top_k_filter,
+    top_p_filter,
+)
+from aiayn.errors import ConfigError
+from aiayn.model import KVCache, Memory, Transformer
+
+A, B_, C = 4, 5, 6  # the fake model's word ids
+V_FAKE = 7
+
+# Next-token probabilities of each sentence (keyed by its first source token) after each prefix.
+# Chosen without ties among the candidates that matter; the expected searches are worked out
+# by hand in `test_beam_search_scripted`.
+TABLES: dict[int, dict[tuple[int, ...], dict[int, float]]] = {
+    A: {  # sentence 0
+        (): {EOS_ID: 0.1, A: 0.5, B_: 0.4},
+        (A,): {EOS_ID: 0.4, A: 0.35, B_: 0.25},
+        (B_,): {EOS_ID: 0.1, A: 0.8, B_: 0.1},
+        (B_, A): {EOS_ID: 0.5625, A: 0.25, B_: 0.1875},
+        (A, A): {EOS_ID: 0.3, A: 0.5, B_: 0.2},
+    },
+    B_: {  # sentence 1: runs into its length limit of 4
+        (): {EOS_ID: 0.1, A: 0.6, B_: 0.3},
+        (A,): {EOS_ID: 0.1, A: 0.5, B_: 0.4},
+        (B_,): {EOS_ID: 0.05, A: 0.7, B_: 0.25},
+        (A, A): {EOS_ID: 0.25, A: 0.4, B_: 0.35},
+        (A, B_): {EOS_ID: 0.2, A: 0.45, B_: 0.35},
+        (A, A, A): {EOS_ID: 0.3, A: 0.5, B_: 0.2},
+        (A, B_, A): {EOS_ID: 0.4, A: 0.35, B_: 0.25},
+    },
+}
+
+
+class TableModel(nn.Module):
+    """A fake model with the narrow decoding interface whose probabilities come from TABLES.
+
+    It keeps each row's token history in the (real) KVCache, so a search that reorders the
+    cache wrongly asks for the wrong prefix, and it fails if a row that ended is extended.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cfg = ModelConfig(vocab_size=V_FAKE, d_model=8, n_heads=2)
+        self.calls = 0
+
+    def encode(self, src_BS: torch.Tensor) -> Memory:
+        return Memory(src_BS.float()[:, :, None], src_BS != PAD_ID)
+
+    def init_cache(self, memory: Memory, capacity: int) -> KVCache:
+        B = memory.out_BSD.size(0)
+        hist = torch.zeros(B, 1, capacity, 1)
+        sent = memory.out_BSD[:, None, :1, :]
+        return KVCache([hist], [hist.clone()], [sent], [sent.clone()], 0)
+
+    def decode_step(self, tokens_BT: torch.Tensor, memory: Memory, cache: KVCache):
+        self.calls += 1
+        k = tokens_BT.float()[:, None, :, None]
+        hist_BHLK, _ = cache.append_self(0, k, k)
+        cache.length += tokens_BT.size(1)
+        logits_BV = torch.full((tokens_BT.size(0), V_FAKE), float("-inf"))
+        for r in range(tokens_BT.size(0)):
+            ids = [int(x) for x in hist_BHLK[r, 0, :, 0]]
+            assert ids[0] == BOS_ID
+            assert EOS_ID not in ids, f"row {r} extended after EOS: {ids}"
+            sent = int(memory.out_BSD[r, 0, 0])
+            assert int(cache.cross_k[0][r, 0, 0, 0]) == sent, "cross-attention rows out of sync"
+            for tok, p in TABLES[sent][tuple(ids[1:])].items():
+                logits_BV[r, tok] = math.log(p)
+        return logits_BV, cache
+
+
+# Sentence 0 may be 5 tokens long, sentence 1 only 4 (max_len = 1 * src_len + 0).
+SRC = torch.tensor([[A, 7, 7, 7, EOS_ID], [B_, 7, 7, EOS_ID, PAD_ID]])
+SCRIPTED = DecodeConfig(beam_size=2, nbest=2, max_len_a=1.0, max_len_b=0)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_search_scripted(alpha: float) -> None:
+    # Sentence 0. Step 0: A .5, B .4 live. Step 1: B A .32, A EOS .2 (ends: [A]), A A .175,
+    # A B .125 -> live B A, A A. Step 2: B A EOS .18 (ends: [B A]), A A A .0875 -> 2 ended, done.
+    # Sentence 1. Step 1: A A .3, A B .24 live. Step 2: A A A .12, A B A .108 live.
+    # Step 3 (the limit, 4): A A A A .06 ends without EOS, A B A EOS .0432 ends.
+    model = TableModel()
+    got = beam_search(model, SRC, DecodeConfig(**{**SCRIPTED.__dict__, "alpha": alpha}))
+    lp = lambda n: length_penalty(n, alpha)  # noqa: E731
+    expected = [
+        [([A], math.log(0.2), 2, True), ([B_, A], math.log(0.18), 3, True)],
+        [([A, A, A, A], math.log(0.06), 4, False), ([A, B_, A], math.log(0.0432), 4, True)],
+    ]
+    for hyps, exp in zip(got, expected, strict=True):
+        exp = sorted(exp, key=lambda e: -e[1] / lp(e[2]))
+        assert [h.tokens for h in hyps] == [e[0] for e in exp]
+        assert [h.eos for h in hyps] == [e[3] for e in exp]
+        for h, (_, log_p, n, _) in zip(hyps, exp, strict=True):
+            assert h.log_prob == pytest.approx(log_p, abs=1e-6)
+            assert h.score == pytest.approx(log_p / lp(n), abs=1e-6)
+    # The length penalty changes the ranking of sentence 0: short [A] wins only without it.
+    assert got[0][0].tokens == ([A] if alpha == 0.0 else [B_, A])
+
+
+def test_greedy_scripted_and_beam_one() -> None:
+    cfg = DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=0)
+    greedy = greedy_search(TableModel(), SRC, cfg)
+    # Sentence 0: A (.5), then EOS (.4). Sentence 1: A, A, A, A, cut at its limit of 4.
+    assert [h.tokens for h in greedy] == [[A], [A, A, A, A]]
+    assert [h.eos for h in greedy] == [True, False]
+    assert greedy[0].log_prob == pytest.approx(math.log(0.2))
+    assert greedy[1].log_prob == pytest.approx(math.log(0.6 * 0.5 * 0.4 * 0.5))
+    beam1 = beam_search(TableModel(), SRC, cfg)
+    assert [b[0] for b in beam1] == greedy
+
+
+def test_min_len_forbids_early_eos() -> None:
+    cfg = DecodeConfig(beam_size=2, nbest=2, max_len_a=1.0, max_len_b=0, min_len=3)
+    with pytest.raises(KeyError):  # sentence 0 must now go past the prefixes in its table
+        beam_search(TableModel(), SRC, cfg)
+    hyps = beam_search(TableModel(), SRC[1:], cfg)[0]
+    assert all(len(h.tokens) >= 3 for h in hyps)
+
+
+def test_pure_functions() -> None:
+    assert length_penalty(1, 0.6) == 1.0
+    assert length_penalty(7, 0.6) == pytest.approx(2.0**0.6)
+    assert length_penalty(30, 0.0) == 1.0
+    lengths = max_output_lengths(torch.tensor([1, 10, 2000]), 1.0, 50, 1024)
+    assert lengths.tolist() == [51, 60, 1024]
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    inf = float("-inf")
+    assert top_p_filter(logits, 0.7).isinf().tolist() == [[False, False, True, True]]
+    assert top_p_filter(logits, 0.5).isinf().tolist() == [[False, True, True, True]]
+    assert top_p_filter(logits, 0.81).isinf().tolist() == [[False, False, False, True]]
+    assert top_k_filter(logits, 2)[0, 2:].tolist() == [inf, inf]
+    assert torch.equal(top_k_filter(logits, 0), logits)
+
+
+def test_bad_settings_are_config_errors() -> None:
+    for cfg in (DecodeConfig(beam_size=0), DecodeConfig(nbest=5), DecodeConfig(top_p=0.0)):
+        with pytest.raises(ConfigError):
+            search(TableModel(), SRC, cfg)
+
+
+# --- a real (random) Transformer ----------------------------------------------------------------
+
+VOCAB = 40
+
+
+@pytest.fixture(scope="module")
+def model() -> Transformer:
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset("cpu_tiny", vocab_size=VOCAB, d_model=32, d_ff=64, max_len=64)
+    return Transformer(cfg).eval()
+
+
+def random_batch(lengths: list[int], seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    src = torch.full((len(lengths), max(lengths)), PAD_ID)
+    for i, n in enumerate(lengths):
+        src[i, : n - 1] = torch.randint(4, VOCAB, (n - 1,), generator=g)
+        src[i, n - 1] = EOS_ID
+    return src
+
+
+def test_cached_equals_uncached(model: Transformer) -> None:
+    src = random_batch([7, 3, 5], seed=1)
+    cfg = DecodeConfig(beam_size=1, max_len_a=0.0, max_len_b=12)
+    cached = greedy_search(model, src, cfg)
+    uncached = greedy_search(model, src, cfg, use_cache=False)
+    assert [h.tokens for h in cached] == [h.tokens for h in uncached]
+    for c, u in zip(cached, uncached, strict=True):
+        assert c.log_prob == pytest.approx(u.log_prob, abs=1e-5)
+    # Step logits through the cache == the full decoder's logits at every position.
+    with torch.inference_mode():
+        memory = model.encode(src)
+        tgt = torch.tensor([[BOS_ID, *h.tokens[:6]] for h in cached])
+        full_BTV, _, _ = model.decode(tgt, memory)
+        cache = model.init_cache(memory, tgt.size(1))
+        for t in range(tgt.size(1)):
+            step_BV, cache = model.decode_step(tgt[:, t : t + 1], memory, cache)
+            torch.testing.assert_close(step_BV, full_BTV[:, t], rtol=1e-5, atol=1e-5)
+
+
+def test_beam_one_equals_greedy(model: Transformer) -> None:
+    src = random_batch([9, 4, 6, 2], seed=2)
+    cfg = DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=5)
+    greedy = greedy_search(model, src, cfg)
+    beam = beam_search(model, src, cfg)
+    assert [b[0].tokens for b in beam] == [g.tokens for g in greedy]
+    for b, g in zip(beam, greedy, strict=True):
+        assert b[0].log_prob == pytest.approx(g.log_prob, abs=1e-5)
+    assert greedy_decode(model, src, max_len=10) == [
+        h.tokens for h in greedy_search(model, src, DecodeConfig(max_len_a=0, max_len_b=10))
+    ]
+
+
+@settings(max_examples=6, deadline=None, derandomize=True)
+@given(lengths=st.lists(st.integers(1, 12), min_size=2, max_size=5), seed=st.integers(0, 999))
+def test_batch_invariance(model: Transformer, lengths: list[int], seed: int) -> None:
+    src = random_batch(lengths, seed)
+    for cfg in (DecodeConfig(beam_size=1, max_len_b=8), DecodeConfig(beam_size=3, nbest=2)):
+        batched = search(model, src, cfg)
+        for i, n in enumerate(lengths):
+            alone = search(model, src[i : i + 1, :n], cfg)[0]
+            assert [h.tokens for h in alone] == [h.tokens for h in batched[i]]
+            for a, b in zip(alone, batched[i], strict=True):
+                assert a.score == pytest.approx(b.score, abs=1e-4)
+
+
+def test_nbest_sorted_and_distinct(model: Transformer) -> None:
+    src = random_batch([6, 8], seed=3)
+    for hyps in beam_search(model, src, DecodeConfig(beam_size=4, nbest=4, max_len_b=6)):
+        assert len(hyps) == 4
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 4
+
+
+def test_sampling_is_seeded(model: Transformer) -> None:
+    src = random_batch([6, 8, 3], seed=4)
+    cfg = DecodeConfig(sample=True, nbest=2, temperature=1.5, top_p=0.95, max_len_b=10)
+    first = sample_search(model, src, cfg)
+    assert sample_search(model, src, cfg) == first
+    other = sample_search(model, src, DecodeConfig(**{**cfg.__dict__, "seed": 7}))
+    assert other != first
+    # top-k = 1 leaves one token per step: sampling collapses to greedy.
+    greedy = greedy_search(model, src, DecodeConfig(max_len_b=10))
+    top1 = sample_search(model, src, DecodeConfig(sample=True, top_k=1, max_len_b=10))
+    assert [s[0].tokens for s in top1] == [g.tokens for g in greedy]
+
+
+def test_decode_restores_training_mode(model: Transformer) -> None:
+    model.train()
+    try:
+        greedy_decode(model, random_batch([4], seed=5), max_len=3)
+        assert model.training
+    finally:
+        model.eval()
