@@ -180,7 +180,7 @@ def test_held_out_splits_never_repeat_and_pass_on_what_a_class_lacks():
     assert min(counts[k] for k in (4, 5, 6)) > 300
     dates = synth_values("dates", 7305, seed=2, split="valid")  # the whole valid pool
     assert len(set(dates)) == 7305
-    with pytest.raises(DataError, match="distinct held-out values"):
+    with pytest.raises(DataError, match="valid split has 7,305"):
         synth_values("dates", 7306, seed=2, split="valid")
 
 
@@ -202,6 +202,8 @@ def test_dates_span_the_range_and_vary_the_format():
         lambda: synth_pairs("letters", "en", "de", 1),
         lambda: synth_pairs("numbers", "en", "de", 1, split="dev"),
         lambda: synth_pairs("numbers", "en", "de", -1),
+        lambda: number_words(10**6, "en"),
+        lambda: date_words(SAT, "en", "short"),
     ],
 )
 def test_bad_requests_are_data_errors(call):

@@ -1,4 +1,4 @@
-"""Built-in translation corpora that need no download: numbers and dates across 40 languages.
+"""Built-in translation corpora that need no download: numbers and dates across 42 languages.
 
 The sentences come from real language rules shipped in PyPI packages, not from templates we
 wrote: `num2words` spells out cardinals ("three hundred and forty-two" -> German
@@ -103,6 +103,8 @@ def number_words(value: int, lang: str) -> str:
     """`value` written out in words in `lang`, e.g. `number_words(342, "de")` ->
     "dreihundertzweiundvierzig". Valid for 0 <= value < 10**6."""
     check_language(lang)
+    if not 0 <= value < 10**MAX_DIGITS:  # the trimmed tables in _cardinal stop at 10**6
+        raise DataError(f"numbers run from 0 to {10**MAX_DIGITS - 1:,}, got {value:,}")
     return _one_line(_cardinal(lang)(value))
 
 
@@ -181,8 +183,6 @@ def _class_labels(rng: np.random.Generator, n: int, sizes: list[int], repeat: bo
     labels = rng.integers(0, len(sizes), size=n)
     if repeat:
         return labels
-    if n > sum(sizes):
-        raise DataError(f"asked for {n} distinct held-out values; this split has {sum(sizes)}")
     while True:
         counts = np.bincount(labels, minlength=len(sizes))
         room = [c for c in range(len(sizes)) if counts[c] < sizes[c]]
@@ -215,6 +215,11 @@ def synth_values(task: str, n: int, seed: int = 0, split: str = "train") -> list
     """
     _check_request(task, n, split)
     pools = split_pools(task)[split]
+    if split != "train" and n > sum(len(p) for p in pools):
+        raise DataError(
+            f"asked for {n:,} {split} {task}; held-out values never repeat and the {split} "
+            f"split has {sum(len(p) for p in pools):,}"
+        )
     rng = np.random.default_rng([seed, TASKS.index(task), SPLITS.index(split)])
     labels = _class_labels(rng, n, [len(p) for p in pools], repeat=split == "train")
     values = np.empty(n, dtype=np.int64)
