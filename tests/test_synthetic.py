@@ -202,6 +202,7 @@ def test_dates_span_the_range_and_vary_the_format():
         lambda: synth_pairs("letters", "en", "de", 1),
         lambda: synth_pairs("numbers", "en", "de", 1, split="dev"),
         lambda: synth_pairs("numbers", "en", "de", -1),
+        lambda: synth_pairs("numbers", "en", "de", 1, seed=-1),
         lambda: number_words(10**6, "en"),
         lambda: date_words(SAT, "en", "short"),
     ],

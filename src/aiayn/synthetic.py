@@ -128,13 +128,15 @@ def check_language(lang: str) -> None:
         raise DataError(f"unsupported language {lang!r}; supported: {', '.join(LANGUAGES)}")
 
 
-def _check_request(task: str, n: int, split: str) -> None:
+def _check_request(task: str, n: int, split: str, seed: int) -> None:
     if task not in TASKS:
         raise DataError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     if n < 0:
         raise DataError(f"the number of pairs must be >= 0, got {n}")
+    if seed < 0:
+        raise DataError(f"the seed must be >= 0, got {seed}")
 
 
 # --- splitting by value ------------------------------------------------------------------------
@@ -213,7 +215,7 @@ def synth_values(task: str, n: int, seed: int = 0, split: str = "train") -> list
     Returns:
         n ints in draw order.
     """
-    _check_request(task, n, split)
+    _check_request(task, n, split, seed)
     pools = split_pools(task)[split]
     if split != "train" and n > sum(len(p) for p in pools):
         raise DataError(
@@ -226,14 +228,8 @@ def synth_values(task: str, n: int, seed: int = 0, split: str = "train") -> list
     for c, pool in enumerate(pools):
         where = np.flatnonzero(labels == c)
         if where.size > len(pool):
-            log.info(
-                "%s/%s class %d: %d values from a pool of %d (repeated in passes)",
-                task,
-                split,
-                c,
-                where.size,
-                len(pool),
-            )
+            msg = "%s/%s class %d: %d values from a pool of %d, used in passes"
+            log.info(msg, task, split, c, where.size, len(pool))
         values[where] = _take(rng, pool, where.size)
     return values.tolist()
 
@@ -248,6 +244,8 @@ def render(task: str, values: list[int], lang: str, widths: list[str] | None = N
     """Values from `synth_values` as sentences in `lang` (dates need one width per value)."""
     check_language(lang)
     if task == "numbers":
+        if values and not (min(values) >= 0 and max(values) < 10**MAX_DIGITS):
+            raise DataError(f"numbers run from 0 to {10**MAX_DIGITS - 1:,}")
         cardinal = _cardinal(lang)
         return [_one_line(cardinal(v)) for v in values]
     if widths is None or len(widths) != len(values):
