@@ -12,6 +12,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiayn import __version__
 from aiayn.errors import AiaynError
@@ -76,11 +77,124 @@ def _run_data(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- translate and evaluate (docs/decoding.md) ----------------------------------------------------
+
+
+if TYPE_CHECKING:  # imported lazily at run time: `aiayn --help` stays fast
+    from aiayn.config import DecodeConfig
+    from aiayn.translate import Translator
+
+
+def _add_search_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, required=True, help="a model directory (aiayn train)")
+    p.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy (default 4)")
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty α (default 0.6)")
+    p.add_argument("--min-len", type=int, default=0, help="no EOS before this many tokens")
+    p.add_argument("--max-len-a", type=float, default=1.0, help="max length = a * src_len + b")
+    p.add_argument("--max-len-b", type=int, default=50)
+    p.add_argument("--sample", action="store_true", help="sample instead of searching")
+    p.add_argument("--temperature", type=float, default=1.0, help="with --sample")
+    p.add_argument("--top-k", type=int, default=0, help="with --sample; 0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --sample; 1.0 = off")
+    p.add_argument("--seed", type=int, default=0, help="with --sample")
+    p.add_argument("--batch-tokens", type=int, default=2048, help="source tokens per batch")
+    p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
+
+
+def _decode_setup(args: argparse.Namespace) -> tuple[Translator, DecodeConfig]:
+    """Check the search flags (before the slow model load), then load the translator."""
+    import logging
+
+    import torch
+
+    from aiayn.config import DecodeConfig
+    from aiayn.decode import check_decode_config
+    from aiayn.translate import Translator
+
+    cfg = DecodeConfig(
+        beam_size=args.beam, alpha=args.alpha, min_len=args.min_len, max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b, nbest=getattr(args, "nbest", 1), sample=args.sample,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+    )  # fmt: skip
+    check_decode_config(cfg)
+    if args.batch_tokens < 1:
+        raise AiaynError(f"--batch-tokens must be at least 1, got {args.batch_tokens}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.INFO, format="aiayn: %(message)s")  # show warnings
+    return Translator.load(args.model, cfg), cfg
+
+
+def _add_translate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "translate", help="translate a file or stdin: exactly one output line per input line"
+    )
+    _add_search_flags(p)
+    p.add_argument("--input", type=Path, help="UTF-8 text, one sentence per line (default stdin)")
+    p.add_argument("--output", type=Path, help="default stdout; a file is replaced atomically")
+    p.add_argument("--nbest", type=int, default=1, help="N best per line, 'i ||| text ||| score'")
+    p.add_argument(
+        "--buffer-size", type=int, default=0, help="lines per sorted batch group (default 1024)"
+    )
+
+
+def _run_translate(args: argparse.Namespace) -> int:
+    import os
+    import tempfile
+
+    from aiayn.translate import translate_to
+
+    translator, cfg = _decode_setup(args)
+    interactive = args.input is None and sys.stdin.isatty()
+    buffer_size = args.buffer_size or (1 if interactive else 1024)
+    kw = dict(batch_tokens=args.batch_tokens, buffer_size=buffer_size)
+    if args.output is None:
+        translate_to(translator, cfg, sys.stdout, args.input, **kw)
+        return 0
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=args.output.parent, prefix=f".{args.output.name}.")
+    try:  # a failed run leaves no half-written output behind
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            translate_to(translator, cfg, out, args.input, **kw)
+        os.replace(tmp, args.output)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return 0
+
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="translate --src and score against --ref: BLEU, chrF")
+    _add_search_flags(p)
+    p.add_argument("--src", type=Path, required=True, help="source sentences, one per line")
+    p.add_argument("--ref", type=Path, required=True, help="reference translations")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--hyps", type=Path, help="also write the translations to this file")
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
+    from aiayn.translate import evaluate_files
+
+    translator, cfg = _decode_setup(args)
+    result = evaluate_files(translator, cfg, args.src, args.ref, batch_tokens=args.batch_tokens)
+    hyps = result.pop("hypotheses")
+    if args.hyps is not None:
+        args.hyps.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    for key in ("bleu", "chrf"):
+        print(f"{result[key]['text']}\n  signature: {result[key]['signature']}")
+    print(f"exact match = {result['exact_match']:.2f}% of {result['sentences']} sentences")
+    return 0
+
+
 # --- main -----------------------------------------------------------------------------------------
 
 COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable[..., int]]] = {
     "info": (_add_info, _run_info),
     "data": (_add_data, _run_data),
+    "translate": (_add_translate, _run_translate),
+    "evaluate": (_add_evaluate, _run_evaluate),
 }
 
 

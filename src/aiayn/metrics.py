@@ -1,0 +1,59 @@
+"""Translation quality: sacreBLEU BLEU and chrF with their signatures, and exact match.
+
+Scores are computed on detokenized text (what `Tokenizer.decode` returns) against plain
+references, with sacreBLEU's defaults (BLEU: 13a tokenization, exponential smoothing; chrF:
+character 6-grams, beta 2), so that a number here can be compared with a number in a paper
+only when the signatures match (Post 2018, "A Call for Clarity in Reporting BLEU Scores").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sacrebleu.metrics import BLEU, CHRF
+
+from aiayn.errors import DataError
+
+
+@dataclass(frozen=True)
+class Score:
+    """A corpus-level score, its sacreBLEU signature and the full one-line summary."""
+
+    name: str  # "BLEU" or "chrF2"
+    score: float  # 0..100
+    signature: str  # e.g. nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0
+    text: str  # e.g. BLEU = 53.73 83.3/60.0/50.0/33.3 (BP = 1.000 ratio = 1.000 ...)
+
+    def to_dict(self) -> dict[str, str | float]:
+        return dataclasses.asdict(self)
+
+
+def _check(hyps: Sequence[str], refs: Sequence[str]) -> None:
+    if len(hyps) != len(refs):
+        raise DataError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    if not hyps:
+        raise DataError("nothing to score: no sentences")
+
+
+def bleu(hyps: Sequence[str], refs: Sequence[str]) -> Score:
+    """Corpus BLEU of `hyps` against one reference each (sacreBLEU defaults)."""
+    _check(hyps, refs)
+    metric = BLEU()
+    result = metric.corpus_score(list(hyps), [list(refs)])
+    return Score("BLEU", float(result.score), str(metric.get_signature()), str(result))
+
+
+def chrf(hyps: Sequence[str], refs: Sequence[str]) -> Score:
+    """Corpus chrF2 (character n-gram F-score, beta = 2) of `hyps` against one reference each."""
+    _check(hyps, refs)
+    metric = CHRF()
+    result = metric.corpus_score(list(hyps), [list(refs)])
+    return Score(result.name, float(result.score), str(metric.get_signature()), str(result))
+
+
+def exact_match(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    """Percentage of hypotheses equal to their reference after stripping outer whitespace."""
+    _check(hyps, refs)
+    return 100.0 * sum(h.strip() == r.strip() for h, r in zip(hyps, refs, strict=True)) / len(hyps)

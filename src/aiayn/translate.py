@@ -1,0 +1,286 @@
+"""Text in, text out: `Translator.load(dir).translate(["Hallo Welt"], beam=4) -> list[str]`.
+
+The translator reads lines (a list, a file or a stream), encodes them, sorts each buffer of
+lines by length and cuts it into batches under a token budget (so padding stays small), runs
+the search of `aiayn.decode`, and gives back exactly one result per input line, in input
+order. Empty (or blank) lines translate to empty lines without touching the model.
+
+A source longer than the model's positional table (`max_len` tokens) cannot be encoded: it is
+truncated to its first `max_len - 1` tokens plus EOS, with a warning that names the line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, TextIO
+
+import torch
+from tqdm import tqdm
+
+from aiayn.config import EOS_ID, PAD_ID, DecodeConfig
+from aiayn.decode import Hypothesis, check_decode_config, search
+from aiayn.errors import CheckpointError, DataError
+from aiayn.metrics import bleu, chrf, exact_match
+from aiayn.model import Transformer
+from aiayn.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Translation:
+    """One output: its detokenized text and the search hypothesis it came from."""
+
+    text: str
+    hyp: Hypothesis
+
+
+# --- reading text ---------------------------------------------------------------------------------
+
+
+def read_lines(stream: BinaryIO, name: str) -> Iterator[str]:
+    """Decoded lines of a binary stream without their newline; invalid UTF-8 is a DataError
+    that names the file and the line."""
+    for line_no, raw in enumerate(stream, 1):
+        try:
+            yield raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as e:
+            raise DataError(
+                f"{name}: line {line_no} is not valid UTF-8 (byte {e.start}: {e.reason})"
+            ) from None
+
+
+def read_file_lines(path: str | Path) -> list[str]:
+    """All lines of a UTF-8 text file (checked in full before any work starts)."""
+    path = Path(path)
+    with path.open("rb") as f:
+        return list(read_lines(f, str(path)))
+
+
+def one_line(text: str) -> str:
+    """Keep one output line per input line, whatever characters the model emits."""
+    return " ".join(text.splitlines()) if text else text
+
+
+# --- batching -------------------------------------------------------------------------------------
+
+
+def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length, longest first, each with at most
+    `max_tokens` tokens counting padding (a single longer sentence gets a batch of its own)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        # The longest sentence of a batch is its first (the order is descending).
+        if batches and lengths[batches[-1][0]] * (len(batches[-1]) + 1) <= max_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+class Translator:
+    """A trained `Transformer` with its tokenizer and default search settings."""
+
+    def __init__(
+        self, model: Transformer, tokenizer: Tokenizer, cfg: DecodeConfig | None = None
+    ) -> None:
+        if tokenizer.vocab_size != model.cfg.vocab_size:
+            raise CheckpointError(
+                f"tokenizer has {tokenizer.vocab_size} pieces but the model expects "
+                f"{model.cfg.vocab_size}: they come from different runs"
+            )
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.cfg = cfg or DecodeConfig()
+        self.device = next(model.parameters()).device
+
+    @classmethod
+    def load(
+        cls, directory: str | Path, cfg: DecodeConfig | None = None, device: str = "cpu"
+    ) -> Translator:
+        """From a model directory (`config.json`, `model.safetensors`, `tokenizer.model`)."""
+        model = Transformer.load(directory, map_location=device)
+        assert isinstance(model, Transformer)
+        return cls(model, Tokenizer.load(directory), cfg)
+
+    def settings(self, beam: int | None = None, **overrides: object) -> DecodeConfig:
+        """The default search settings with `beam` and any DecodeConfig field replaced."""
+        if beam is not None:
+            overrides["beam_size"] = beam
+        cfg = dataclasses.replace(self.cfg, **overrides)  # type: ignore[arg-type]
+        check_decode_config(cfg)
+        return cfg
+
+    def translate(
+        self,
+        lines: Sequence[str],
+        beam: int | None = None,
+        *,
+        batch_tokens: int = 2048,
+        **overrides: object,
+    ) -> list[str]:
+        """The best translation of each line, e.g. `translate(["Hallo Welt"], beam=4)`.
+
+        Keyword overrides are DecodeConfig fields (`alpha=1.0`, `sample=True, top_p=0.9`...).
+        """
+        cfg = self.settings(beam, **overrides)
+        return [r[0].text for r in self.translate_hyps(lines, cfg, batch_tokens=batch_tokens)]
+
+    def translate_hyps(
+        self,
+        lines: Sequence[str],
+        cfg: DecodeConfig,
+        *,
+        batch_tokens: int = 2048,
+        first_line_no: int = 1,
+    ) -> list[list[Translation]]:
+        """The `cfg.nbest` best translations of each line (one for an empty line), best first."""
+        check_decode_config(cfg)
+        if batch_tokens < 1:
+            raise DataError(f"batch_tokens must be at least 1, got {batch_tokens}")
+        results: list[list[Translation]] = [
+            [Translation("", Hypothesis([], 0.0, 0.0, True))] for _ in lines
+        ]
+        todo = [i for i, line in enumerate(lines) if line.strip()]
+        ids = self.tokenizer.encode_batch([lines[i].strip() for i in todo])
+        ids = [self._fit(x, first_line_no + i) for x, i in zip(ids, todo, strict=True)]
+        for batch in token_budget_batches([len(x) for x in ids], batch_tokens):
+            src_BS = self._pad([ids[j] for j in batch])
+            for j, hyps in zip(batch, search(self.model, src_BS, cfg), strict=True):
+                results[todo[j]] = [
+                    Translation(one_line(self.tokenizer.decode(h.tokens)), h) for h in hyps
+                ]
+        return results
+
+    def translate_stream(
+        self,
+        lines: Iterable[str],
+        cfg: DecodeConfig,
+        *,
+        batch_tokens: int = 2048,
+        buffer_size: int = 1024,
+        progress: Callable[[int], None] | None = None,
+    ) -> Iterator[list[Translation]]:
+        """Translate a (possibly endless) stream, `buffer_size` lines at a time, in order.
+
+        Each buffer is sorted and batched on its own, so memory stays bounded and output
+        appears after every buffer; `progress(n)` is called with each buffer's line count.
+        """
+        buffer: list[str] = []
+        line_no = 1
+        for line in lines:
+            buffer.append(line)
+            if len(buffer) >= buffer_size:
+                yield from self.translate_hyps(
+                    buffer, cfg, batch_tokens=batch_tokens, first_line_no=line_no
+                )
+                line_no += len(buffer)
+                if progress is not None:
+                    progress(len(buffer))
+                buffer = []
+        if buffer:
+            yield from self.translate_hyps(
+                buffer, cfg, batch_tokens=batch_tokens, first_line_no=line_no
+            )
+            if progress is not None:
+                progress(len(buffer))
+
+    def _fit(self, ids: list[int], line_no: int) -> list[int]:
+        """Truncate a source the positional table cannot hold, saying so (module docstring)."""
+        limit = self.model.cfg.max_len
+        if len(ids) <= limit:
+            return ids
+        log.warning(
+            "line %d has %d tokens, more than the model's max_len=%d; "
+            "translating only its first %d tokens",
+            line_no,
+            len(ids) - 1,
+            limit,
+            limit - 1,
+        )
+        return [*ids[: limit - 1], EOS_ID]
+
+    def _pad(self, rows: list[list[int]]) -> torch.Tensor:
+        src_BS = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
+        for i, row in enumerate(rows):
+            src_BS[i, : len(row)] = torch.tensor(row)
+        return src_BS.to(self.device)
+
+
+# --- files and streams, for `aiayn translate` and `aiayn evaluate` --------------------------------
+
+
+def translate_to(
+    translator: Translator,
+    cfg: DecodeConfig,
+    out: TextIO,
+    input_path: Path | None,
+    *,
+    batch_tokens: int = 2048,
+    buffer_size: int = 1024,
+) -> int:
+    """Translate a file (with a progress bar) or stdin (streamed) into `out`; return the count.
+
+    Writes one line per input line, or with `cfg.nbest > 1` the Moses n-best format
+    `LINE_NO ||| translation ||| score`, best first (one such line for an empty input line).
+    """
+    bar = None
+    if input_path is not None:
+        lines: Sequence[str] | Iterator[str] = read_file_lines(input_path)  # checked up front
+        bar = tqdm(total=len(lines), unit="line", file=sys.stderr, desc="translate")
+    else:
+        lines = read_lines(sys.stdin.buffer, "<stdin>")  # streamed: checked as it comes
+    stream = translator.translate_stream(
+        lines,
+        cfg,
+        batch_tokens=batch_tokens,
+        buffer_size=buffer_size,
+        progress=bar.update if bar is not None else None,
+    )
+    n = 0
+    try:
+        for n, results in enumerate(stream, 1):
+            if cfg.nbest > 1:
+                out.writelines(f"{n} ||| {r.text} ||| {r.hyp.score:.4f}\n" for r in results)
+            else:
+                out.write(results[0].text + "\n")
+            if input_path is None:
+                out.flush()  # a stream's reader sees each line as soon as it exists
+    finally:
+        if bar is not None:
+            bar.close()
+    return n
+
+
+def evaluate_files(
+    translator: Translator,
+    cfg: DecodeConfig,
+    src_path: Path,
+    ref_path: Path,
+    *,
+    batch_tokens: int = 2048,
+) -> dict[str, Any]:
+    """Translate `src_path` and score it against `ref_path`: BLEU, chrF (with signatures) and
+    exact match, as a JSON-ready dict that also holds the hypotheses."""
+    src, refs = read_file_lines(src_path), read_file_lines(ref_path)
+    if len(src) != len(refs):
+        raise DataError(f"{src_path} has {len(src)} lines but {ref_path} has {len(refs)}")
+    with tqdm(total=len(src), unit="line", file=sys.stderr, desc="evaluate") as bar:
+        results = list(
+            translator.translate_stream(src, cfg, batch_tokens=batch_tokens, progress=bar.update)
+        )
+    hyps = [r[0].text for r in results]
+    return {
+        "bleu": bleu(hyps, refs).to_dict(),
+        "chrf": chrf(hyps, refs).to_dict(),
+        "exact_match": exact_match(hyps, refs),
+        "sentences": len(hyps),
+        "decode": dataclasses.asdict(cfg),
+        "hypotheses": hyps,
+    }

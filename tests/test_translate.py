@@ -1,0 +1,179 @@
+"""Translator API, `aiayn translate` / `aiayn evaluate`, metrics, and their bad-input errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.cli import main
+from aiayn.config import DecodeConfig, ModelConfig
+from aiayn.errors import DataError
+from aiayn.metrics import bleu, chrf, exact_match
+from aiayn.model import Transformer
+from aiayn.tokenizer import Tokenizer
+from aiayn.translate import Translator, read_lines, token_budget_batches
+
+WORDS = ["haus", "katze", "hund", "baum", "auto", "weg", "stadt", "fluss", "berg", "see", "wald"]
+
+
+def corpus(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=rng.randint(1, 8))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real model directory: a SentencePiece tokenizer and a (random) cpu_tiny Transformer."""
+    directory = tmp_path_factory.mktemp("model")
+    tok = Tokenizer.train(corpus(400), vocab_size=320)
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset("cpu_tiny", vocab_size=tok.vocab_size, d_model=32, d_ff=64, max_len=40)
+    Transformer(cfg).save(directory)
+    tok.save(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def translator(model_dir: Path) -> Translator:
+    return Translator.load(model_dir, DecodeConfig(max_len_a=0.0, max_len_b=6))
+
+
+def test_one_output_per_input_in_order(translator: Translator) -> None:
+    lines = ["haus katze", "", "   ", *corpus(10, seed=1), ""]
+    out = translator.translate(lines, beam=2, batch_tokens=16)
+    assert len(out) == len(lines)
+    assert out[1] == out[2] == out[-1] == ""
+    # Sorting and batching do not change any translation: one by one gives the same.
+    assert out == [translator.translate([line], beam=2)[0] for line in lines]
+    assert all("\n" not in t for t in out)
+
+
+def test_translate_api_defaults_and_overrides(translator: Translator) -> None:
+    [greedy] = translator.translate(["hund baum"], beam=1)
+    assert translator.translate(["hund baum"], sample=True, top_k=1) == [greedy]
+    hyps = translator.translate_hyps(["hund baum"], translator.settings(beam=3, nbest=3))[0]
+    assert len(hyps) == 3 and hyps[0].hyp.score >= hyps[-1].hyp.score
+
+
+def test_token_budget_batches() -> None:
+    lengths = [3, 10, 2, 7, 7, 1, 30]
+    batches = token_budget_batches(lengths, 20)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert batches[0] == [6]  # longer than the budget: a batch of its own
+    for b in batches:
+        assert len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 20
+
+
+def test_long_line_is_truncated_with_warning(
+    translator: Translator, caplog: pytest.LogCaptureFixture
+) -> None:
+    long_line = " ".join(["katze"] * 200)
+    with caplog.at_level(logging.WARNING, logger="aiayn.translate"):
+        out = translator.translate(["haus", long_line], beam=1)
+    assert len(out) == 2
+    assert "line 2 has" in caplog.text and "max_len=40" in caplog.text
+
+
+def test_read_lines_names_bad_utf8() -> None:
+    stream = io.BytesIO(b"gut\nauch gut\r\nschlecht \xff\n")
+    with pytest.raises(DataError, match=r"x\.txt: line 3 is not valid UTF-8"):
+        list(read_lines(stream, "x.txt"))
+
+
+def test_metrics() -> None:
+    refs = ["the cat sat on the mat", "a dog"]
+    assert bleu(refs, refs).score == pytest.approx(100.0)
+    assert bleu(refs, refs).signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert "chrF2" in chrf(refs, refs).text
+    assert exact_match(["a dog ", "x"], ["a dog", "y"]) == 50.0
+    with pytest.raises(DataError):
+        bleu(["a"], ["a", "b"])
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+
+def test_cli_translate_file(model_dir: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    lines = ["haus katze", "", *corpus(12, seed=2)]
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out" / "hyp.txt"
+    args = ["translate", "--model", str(model_dir), "--input", str(src), "--output", str(out)]
+    assert main([*args, "--beam", "2", "--max-len-b", "6", "--max-len-a", "0"]) == 0
+    got = out.read_text(encoding="utf-8").split("\n")
+    assert len(got) == len(lines) + 1 and got[-1] == "" and got[1] == ""
+    expected = Translator.load(model_dir).translate(lines, beam=2, max_len_a=0.0, max_len_b=6)
+    assert got[:-1] == expected
+    assert main([*args, "--nbest", "3", "--beam", "3", "--max-len-b", "4"]) == 0
+    nbest = out.read_text(encoding="utf-8").splitlines()
+    assert nbest[0].startswith("1 ||| ") and nbest[3].startswith("2 ||| ")  # empty line 2: one
+    assert len(nbest) == 3 * len(lines) - 2
+
+
+def test_cli_translate_streams_stdin(model_dir: Path) -> None:
+    lines = ["haus", "", "katze hund"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiayn", "translate", "--model", str(model_dir), "--beam", "1",
+         "--max-len-b", "5", "--max-len-a", "0", "--buffer-size", "2"],
+        input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:-1] == Translator.load(model_dir).translate(
+        lines, beam=1, max_len_a=0.0, max_len_b=5
+    )
+
+
+def test_cli_evaluate_json(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    lines = corpus(6, seed=3)
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    base = ["evaluate", "--model", str(model_dir), "--src", str(src), "--ref", str(ref)]
+    assert main([*base, "--beam", "2", "--json", "--max-len-b", "5"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(result) >= {"bleu", "chrf", "exact_match", "sentences"}
+    assert result["bleu"]["signature"].startswith("nrefs:1|")
+    assert result["sentences"] == 6
+    assert main([*base, "--beam", "1", "--max-len-b", "5"]) == 0
+    text = capsys.readouterr().out
+    assert "BLEU = " in text and "chrF2 = " in text and "signature: nrefs:1|" in text
+
+
+def bad_runs(model_dir: Path, tmp_path: Path) -> list[tuple[list[str], str]]:
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("gut\nsch\xf6n\n".encode("latin-1"))
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text('{"model_type": "marian"}')
+    fine = tmp_path / "fine.txt"
+    fine.write_text("haus\n")
+    short = tmp_path / "short.txt"
+    short.write_text("")
+    return [
+        (["translate", "--model", str(tmp_path / "nope")], "model directory not found"),
+        (["translate", "--model", str(foreign)], "not an aiayn model config"),
+        (["translate", "--model", str(model_dir), "--input", str(latin1)], "line 2 is not valid"),
+        (["translate", "--model", str(model_dir), "--beam", "0"], "beam size must be at least 1"),
+        (["translate", "--model", str(model_dir), "--nbest", "9"], "cannot exceed the beam"),
+        (["translate", "--model", str(model_dir), "--input", str(tmp_path / "x")], "No such file"),
+        (["evaluate", "--model", str(model_dir), "--src", str(fine), "--ref", str(short)],
+         "has 1 lines but"),
+    ]  # fmt: skip
+
+
+def test_cli_bad_input_one_line_exit_2(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    for argv, message in bad_runs(model_dir, tmp_path):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, (argv, err)
+        assert "Traceback" not in err
