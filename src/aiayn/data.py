@@ -166,10 +166,12 @@ def encode_pairs(
     max_len: int,
     stats: DataStats | None = None,
     chunk: int = 4096,
+    kept: list[int] | None = None,
 ) -> list[Example]:
     """Tokenize pairs; drop (and count) those whose source+EOS or target+EOS exceeds `max_len`.
 
     `pairs` is consumed in chunks, so a `read_parallel` stream is never held as text.
+    `kept`, when given, receives the index in `pairs` of every example returned.
     """
     stats = stats if stats is not None else DataStats()
     out: list[Example] = []
@@ -185,6 +187,8 @@ def encode_pairs(
                 stats.drop("too_long_tokens", f"kept pair {start + i + 1}")
             else:
                 out.append(Example(tuple(s), tuple(t)))
+                if kept is not None:
+                    kept.append(start + i)
     return out
 
 

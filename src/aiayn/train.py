@@ -1,0 +1,627 @@
+"""Training (§5): label-smoothed cross-entropy, Adam with the warmup schedule, the loop.
+
+    loss      label_smoothed_loss: (1 - ε) NLL + ε · mean over V of -log p   (ε = 0.1, §5.4)
+    optimiser Adam(β1 = 0.9, β2 = 0.98, ε = 1e-9) (§5.3)
+    schedule  lrate = d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)   (equation 3)
+
+`train(cfg)` runs a whole resumable run into `cfg.train.out_dir` (see docs/training.md):
+a model directory (config.json, model.safetensors = the best weights, tokenizer.model,
+run_config.json, metrics.jsonl) plus `checkpoints/step_*/` with the full training state.
+Launched by `torchrun`, it trains with DistributedDataParallel; rank 0 writes every file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from aiayn import checkpoint as ckpt_io
+from aiayn.config import Config, TrainConfig, to_dict
+from aiayn.data import (
+    Batch,
+    DataStats,
+    Example,
+    batch_plan,
+    collate,
+    encode_pairs,
+    padding_efficiency,
+    read_parallel,
+)
+from aiayn.errors import CheckpointError, ConfigError
+from aiayn.model import Transformer
+from aiayn.tokenizer import TOKENIZER_FILE, Tokenizer
+
+log = logging.getLogger(__name__)
+
+RUN_CONFIG_FILE = "run_config.json"
+METRICS_FILE = "metrics.jsonl"
+# TrainConfig fields that may differ when a run is resumed; any other difference would make
+# the continuation a different experiment, so it is refused.
+RESUMABLE_CHANGES = {
+    "max_steps", "max_epochs", "max_minutes", "valid_every", "save_every", "log_every",
+    "patience", "keep_last", "threads", "bleu_samples", "compile", "out_dir",
+}
+
+
+# --- the loss (§5.4) ---------------------------------------------------------------------------
+
+
+def label_smoothed_loss(
+    logits_NV: Tensor, target_N: Tensor, epsilon: float, pad_id: int
+) -> tuple[Tensor, Tensor]:
+    """Summed label-smoothed cross-entropy and summed NLL over the non-PAD targets.
+
+    The smoothed target puts 1 - ε on the true class and spreads ε uniformly over all V
+    classes (PyTorch's definition; the Annotated Transformer spreads it over V - 2), so
+    `loss_sum == F.cross_entropy(logits, target, label_smoothing=ε, ignore_index=pad,
+    reduction="sum")`. The NLL (no smoothing) gives perplexity.
+    """
+    logp_NV = F.log_softmax(logits_NV.float(), dim=-1)
+    keep_N = target_N != pad_id
+    nll_N = -logp_NV.gather(-1, target_N.clamp(min=0)[:, None]).squeeze(-1)
+    uniform_N = -logp_NV.mean(dim=-1)
+    loss_N = (1.0 - epsilon) * nll_N + epsilon * uniform_N
+    return loss_N[keep_N].sum(), nll_N[keep_N].sum()
+
+
+# --- learning-rate schedules: pure functions of the step (1-based) ----------------------------
+
+
+def noam_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
+    """Equation 3: linear warmup for `warmup` steps, then decay with 1/sqrt(step)."""
+    step = max(step, 1)
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def inverse_sqrt_lr(step: int, warmup: int, peak: float) -> float:
+    """fairseq's inverse_sqrt: linear warmup to `peak`, then peak · sqrt(warmup / step)."""
+    step = max(step, 1)
+    return peak * min(step / max(warmup, 1), math.sqrt(max(warmup, 1) / step))
+
+
+def cosine_lr(step: int, warmup: int, total: int, peak: float, floor: float = 0.0) -> float:
+    """Linear warmup to `peak`, then half a cosine down to `floor` at step `total`."""
+    step = max(step, 1)
+    if step <= warmup:
+        return peak * step / max(warmup, 1)
+    progress = min(1.0, (step - warmup) / max(total - warmup, 1))
+    return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+def learning_rate(step: int, tc: TrainConfig, d_model: int) -> float:
+    """The rate for optimizer step `step` under `tc.lr_schedule`."""
+    if tc.lr_schedule == "noam":
+        return noam_lr(step, d_model, tc.warmup_steps, tc.lr)
+    if tc.lr_schedule == "inverse_sqrt":
+        return inverse_sqrt_lr(step, tc.warmup_steps, tc.lr)
+    if tc.lr_schedule == "cosine":
+        return cosine_lr(step, tc.warmup_steps, tc.max_steps, tc.lr)
+    return tc.lr
+
+
+# --- distributed setup --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> Dist:
+    """Join the torchrun process group when launched by torchrun (gloo on CPU, nccl on GPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return Dist(dist.get_rank(), dist.get_world_size())
+
+
+def _all_sum(values: list[float], d: Dist) -> list[float]:
+    if d.world == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+# --- state that survives a restart --------------------------------------------------------------
+
+
+@dataclass
+class TrainState:
+    """Everything besides weights and optimizer moments that resuming needs (JSON)."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0  # batches of this epoch's plan already consumed (all ranks)
+    best: float | None = None  # best validation value of `best_metric`
+    best_step: int = 0
+    bad_validations: int = 0  # validations in a row without improvement (early stopping)
+    tokens: int = 0  # target tokens trained on
+    elapsed_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "python_random": _jsonable(random.getstate())}
+
+
+def _jsonable(x: Any) -> Any:
+    return [_jsonable(v) for v in x] if isinstance(x, tuple | list) else x
+
+
+def _tupled(x: Any) -> Any:
+    return tuple(_tupled(v) for v in x) if isinstance(x, list) else x
+
+
+def _rng_tensors() -> dict[str, Tensor]:
+    return {"torch": torch.get_rng_state()}
+
+
+# --- the data a run sees -----------------------------------------------------------------------
+
+
+@dataclass
+class RunData:
+    train: list[Example]
+    valid: list[Example]
+    valid_refs: list[str]  # target text of the validation pairs, for BLEU
+
+
+def load_data(tc: TrainConfig, tok: Tokenizer, d: Dist) -> RunData:
+    """Read, check and encode the training and validation corpora; report what was dropped."""
+    if not tc.src:
+        raise ConfigError("train.src is empty: give a training corpus (two files or a TSV)")
+    stats = DataStats()
+    train = encode_pairs(read_parallel(tc.src, tc.tgt or None, stats), tok, tc.max_len, stats)
+    _report(stats, "train", d)
+    valid: list[Example] = []
+    refs: list[str] = []
+    if tc.valid_src:
+        vstats = DataStats()
+        pairs = list(read_parallel(tc.valid_src, tc.valid_tgt or None, vstats))
+        kept: list[int] = []
+        valid = encode_pairs(pairs, tok, tc.max_len, vstats, kept=kept)
+        refs = [pairs[i][1] for i in kept]
+        _report(vstats, "valid", d)
+    if not train:
+        raise ConfigError(f"no training pairs left after filtering {tc.src}")
+    return RunData(train, valid, refs)
+
+
+def _report(stats: DataStats, name: str, d: Dist) -> None:
+    if d.main:
+        (log.warning if stats.dropped else log.info)(stats.report(name))
+
+
+class StepLoader:
+    """Hands out, per optimizer step, this rank's micro-batches and the step's target tokens.
+
+    One step consumes accum_steps × world batches of the epoch's plan; rank r takes every
+    world-th of them. The plan depends only on (seed, epoch), so (epoch, batch_in_epoch) in
+    `TrainState` is a complete data position. A remainder shorter than one step is skipped
+    and the epoch ends at once, so `state.epoch` always counts finished epochs.
+    """
+
+    def __init__(self, data: list[Example], tc: TrainConfig, d: Dist) -> None:
+        self.data, self.tc, self.d = data, tc, d
+        self.per_step = tc.accum_steps * d.world
+        self._plan: tuple[int, list[list[int]]] = (-1, [])
+
+    def plan(self, epoch: int) -> list[list[int]]:
+        if self._plan[0] != epoch:
+            plan = batch_plan(self.data, self.tc.max_tokens, seed=self.tc.seed, epoch=epoch)
+            if len(plan) < self.per_step:
+                raise ConfigError(
+                    f"one step needs {self.per_step} batches but an epoch has {len(plan)}; "
+                    "lower train.max_tokens or train.accum_steps"
+                )
+            if self.d.main:
+                log.info(
+                    "epoch %d: %d batches, padding efficiency %.1f%%",
+                    epoch + 1, len(plan), 100 * padding_efficiency(self.data, plan),
+                )
+            self._plan = (epoch, plan)
+        return self._plan[1]
+
+    def next_step(self, state: TrainState) -> tuple[list[list[int]], int]:
+        plan = self.plan(state.epoch)
+        start = state.batch_in_epoch
+        chunk = plan[start : start + self.per_step]
+        tokens = sum(len(self.data[i].tgt) + 1 for idx in chunk for i in idx)
+        state.batch_in_epoch += self.per_step
+        if state.batch_in_epoch + self.per_step > len(plan):
+            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+        return chunk[self.d.rank :: self.d.world], tokens
+
+
+# --- validation -----------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def validate(model: Transformer, data: list[Example], tc: TrainConfig, d: Dist) -> dict[str, float]:
+    """Mean label-smoothed loss and perplexity (exp of mean NLL) over the validation set."""
+    was_training = model.training
+    model.eval()
+    plan = batch_plan(data, tc.max_tokens, shuffle=False)
+    totals = [0.0, 0.0, 0.0]
+    for idx in plan[d.rank :: d.world]:
+        b = collate(data, idx)
+        with _autocast(tc):
+            logits_BTV = model(b.src_BS, b.tgt_in_BT)
+        loss, nll = label_smoothed_loss(
+            logits_BTV.flatten(0, 1), b.tgt_out_BT.flatten(), tc.label_smoothing, model.cfg.pad_id
+        )
+        totals = [totals[0] + float(loss), totals[1] + float(nll), totals[2] + b.n_tgt_tokens]
+    loss_sum, nll_sum, n = _all_sum(totals, d)
+    model.train(was_training)
+    return {"valid_loss": loss_sum / n, "valid_ppl": math.exp(min(nll_sum / n, 50.0))}
+
+
+def validation_bleu(
+    model: Transformer, tok: Tokenizer, data: list[Example], refs: list[str], n: int
+) -> float:
+    """Corpus BLEU (sacreBLEU, detokenized) of greedy translations of the first `n` pairs."""
+    import sacrebleu
+
+    from aiayn.decode import greedy_decode
+
+    hyps: list[str] = []
+    for start in range(0, min(n, len(data)), 32):
+        idx = list(range(start, min(start + 32, n, len(data))))
+        ids = greedy_decode(model, collate(data, idx).src_BS)
+        hyps.extend(tok.decode(x) for x in ids)
+    return float(sacrebleu.corpus_bleu(hyps, [refs[: len(hyps)]]).score)
+
+
+def _autocast(tc: TrainConfig) -> Any:
+    if tc.dtype == "bf16":
+        return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", torch.bfloat16)
+    return nullcontext()
+
+
+# --- stopping on a signal -------------------------------------------------------------------------
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[dict[str, int]]:
+    """SIGINT/SIGTERM set a flag the loop checks after each step (then save and exit)."""
+    flag = {"signal": 0}
+
+    def handler(signum: int, frame: object) -> None:
+        flag["signal"] = signum
+        signal.signal(signum, signal.SIG_DFL)  # a second Ctrl-C kills at once
+
+    old = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread: no handlers, the flag stays 0
+        pass
+    try:
+        yield flag
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+# --- the run directory ----------------------------------------------------------------------------
+
+_OWN_FILES = {TOKENIZER_FILE, RUN_CONFIG_FILE, METRICS_FILE, ckpt_io.CHECKPOINTS_DIR}
+
+
+def find_resume(out: Path) -> Path | None:
+    """The newest checkpoint of the run in `out`, or None for a fresh run.
+
+    A directory with other content (a model without training state, unrelated files) is
+    refused with a CheckpointError, so nothing of the user's is ever overwritten.
+    """
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        raise CheckpointError(f"train.out_dir {out} exists and is not a directory")
+    found = ckpt_io.list_checkpoints(out)
+    if found:
+        if not (out / RUN_CONFIG_FILE).is_file():
+            raise CheckpointError(f"{out} has checkpoints but no {RUN_CONFIG_FILE}")
+        return found[-1]
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in _OWN_FILES)
+    if foreign:
+        raise CheckpointError(
+            f"{out} is not empty and holds no training checkpoint ({', '.join(foreign[:3])}); "
+            "refusing to overwrite it: choose a new train.out_dir"
+        )
+    return None  # only files of a run that died before its first checkpoint: start again
+
+
+def check_resumable(out: Path, cfg: Config) -> None:
+    """Refuse to resume under a model or recipe that differs from the one that was saved."""
+    try:
+        saved = json.loads((out / RUN_CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{out / RUN_CONFIG_FILE} is unreadable: {e}") from None
+    now = to_dict(cfg)
+    diffs = [
+        f"{section}.{k} was {saved.get(section, {}).get(k)!r}, now {v!r}"
+        for section in ("model", "train")
+        for k, v in now[section].items()
+        if saved.get(section, {}).get(k) != v
+        and not (section == "train" and k in RESUMABLE_CHANGES)
+    ]
+    if diffs:
+        raise CheckpointError(
+            f"cannot resume {out} with a different config: {'; '.join(diffs[:3])} "
+            "(set them back, or choose a new train.out_dir)"
+        )
+
+
+def _tokenizer(cfg: Config, out: Path, resume: Path | None, given: Tokenizer | None,
+               d: Dist) -> Tokenizer:
+    """The run's tokenizer: reloaded on resume, else given or trained on the training text."""
+    if resume is not None:
+        return Tokenizer.load(out)
+    if d.main:
+        tok = given
+        if tok is None:
+            tc = cfg.train
+            if not tc.src:
+                raise ConfigError("train.src is empty: give a training corpus (two files or a TSV)")
+            texts = (side for pair in read_parallel(tc.src, tc.tgt or None) for side in pair)
+            log.info("training a %d-piece %s tokenizer on %s", tc.vocab_size, tc.spm_model_type,
+                     tc.src)
+            tok = Tokenizer.train(texts, tc.vocab_size, tc.spm_model_type)
+        out.mkdir(parents=True, exist_ok=True)
+        tok.save(out)
+    if d.world > 1:
+        dist.barrier()
+    return tok if d.main else Tokenizer.load(out)  # type: ignore[return-value]
+
+
+def _restore(resume: Path, model: Transformer, opt: torch.optim.Optimizer, d: Dist) -> TrainState:
+    tensors, saved = ckpt_io.load_checkpoint_state(resume)
+    weights = ckpt_io.load_tensors(resume / ckpt_io.WEIGHTS_FILE)
+    ckpt_io.check_state_dict(model, weights, str(resume))
+    model.load_state_dict(weights, strict=False)
+    ckpt_io.load_optimizer_tensors(opt, tensors, saved["optimizer"], str(resume))
+    names = {f.name for f in dataclasses.fields(TrainState)}
+    state = TrainState(**{k: v for k, v in saved.items() if k in names})
+    if d.world == 1:  # exact resume: the RNG continues where it stopped
+        torch.set_rng_state(tensors["rng.torch"])
+        random.setstate(_tupled(saved["python_random"]))
+    log.info("resuming %s at step %d (epoch %d)", resume, state.step, state.epoch + 1)
+    return state
+
+
+# --- one optimizer step --------------------------------------------------------------------------
+
+
+def train_step(
+    net: torch.nn.Module, model: Transformer, opt: torch.optim.Optimizer, data: list[Example],
+    chunk: list[list[int]], tokens: int, lr: float, tc: TrainConfig, d: Dist,
+    device: torch.device,
+) -> tuple[float, float]:
+    """Forward/backward over this rank's micro-batches, then one Adam step.
+
+    Each micro-batch's summed loss is divided by the step's *global* target-token count
+    (times world, because DDP averages gradients over ranks), so the gradient is the mean
+    over every target token of the step, however it is split over ranks and micro-batches.
+    Returns this rank's summed (smoothed loss, NLL).
+    """
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss_total = nll_total = 0.0
+    for a, idx in enumerate(chunk):
+        b: Batch = collate(data, idx).to(device)
+        last = a == len(chunk) - 1
+        with nullcontext() if d.world == 1 or last else net.no_sync():  # type: ignore[operator]
+            with _autocast(tc):
+                logits_BTV = net(b.src_BS, b.tgt_in_BT)
+            loss, nll = label_smoothed_loss(
+                logits_BTV.flatten(0, 1), b.tgt_out_BT.flatten(), tc.label_smoothing,
+                model.cfg.pad_id,
+            )
+            (loss * (d.world / tokens)).backward()
+        loss_total += float(loss.detach())
+        nll_total += float(nll.detach())
+    if tc.clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip_norm)
+    opt.step()
+    return loss_total, nll_total
+
+
+# --- the loop ------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    step: int
+    stopped: str  # max_steps | max_epochs | max_minutes | early_stopping | signal
+    train_loss: float  # mean smoothed loss per target token over the last log window
+    best: float | None
+
+
+class _Run:
+    """The mutable parts of one training run, so the loop reads top to bottom."""
+
+    def __init__(self, cfg: Config, tok: Tokenizer, data: RunData, model: Transformer,
+                 opt: torch.optim.Optimizer, state: TrainState, d: Dist, out: Path) -> None:
+        self.cfg, self.tc, self.tok, self.data = cfg, cfg.train, tok, data
+        self.model, self.opt, self.state, self.d, self.out = model, opt, state, d, out
+        self.t_start, self.elapsed0 = time.monotonic(), state.elapsed_s
+        self.window = [0.0, 0.0, 0.0]  # loss sum, nll sum, tokens since the last log
+        self.window_t = time.monotonic()
+        self.last_loss = float("nan")
+        self.last_saved = state.step
+
+    def elapsed(self) -> float:
+        return self.elapsed0 + time.monotonic() - self.t_start
+
+    def metric(self, record: dict[str, Any]) -> None:
+        if self.d.main:
+            record = {"step": self.state.step, "epoch": self.state.epoch, **record,
+                      "elapsed_s": round(self.elapsed(), 3)}
+            with (self.out / METRICS_FILE).open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def log_train(self, lr: float) -> dict[str, float]:
+        loss_sum, nll_sum, n = _all_sum(self.window, self.d)
+        now = time.monotonic()
+        rec = {"loss": loss_sum / n, "ppl": math.exp(min(nll_sum / n, 50.0)), "lr": lr,
+               "tokens_per_s": n / max(now - self.window_t, 1e-9)}
+        self.last_loss = rec["loss"]
+        self.metric(rec)
+        self.window, self.window_t = [0.0, 0.0, 0.0], now
+        return rec
+
+    def validate(self) -> bool:
+        """Validation metrics, the best checkpoint and early stopping; True = stop now."""
+        tc, st = self.tc, self.state
+        rec = validate(self.model, self.data.valid, tc, self.d)
+        if tc.bleu_samples > 0:
+            bleu = validation_bleu(self.model, self.tok, self.data.valid, self.data.valid_refs,
+                                   tc.bleu_samples) if self.d.main else 0.0
+            rec["valid_bleu"] = _all_sum([bleu], self.d)[0]
+        value = rec["valid_bleu"] if tc.best_metric == "bleu" else rec["valid_loss"]
+        higher_is_better = tc.best_metric == "bleu"
+        better = st.best is None or (value > st.best if higher_is_better else value < st.best)
+        if better:
+            st.best, st.best_step, st.bad_validations = value, st.step, 0
+            if self.d.main:
+                self.model.save(self.out)  # the run directory's model = the best so far
+        else:
+            st.bad_validations += 1
+        self.metric({**rec, "best": st.best, "best_step": st.best_step})
+        log.info("step %d: %s", st.step, " ".join(f"{k}={v:.4g}" for k, v in rec.items()))
+        return tc.patience > 0 and st.bad_validations >= tc.patience
+
+    def save(self) -> None:
+        self.state.elapsed_s = self.elapsed()
+        if self.d.main:
+            ckpt_io.save_checkpoint(self.out, self.model, self.opt, self.state.to_json(),
+                                    _rng_tensors())
+            ckpt_io.prune_checkpoints(self.out, self.tc.keep_last)
+            if not self.data.valid:  # no validation set: the run's model is the latest one
+                self.model.save(self.out)
+        self.last_saved = self.state.step
+
+    def should_stop(self, flag: dict[str, int]) -> str | None:
+        tc, st = self.tc, self.state
+        local = [float(flag["signal"] != 0),
+                 float(tc.max_minutes > 0 and self.elapsed() > 60 * tc.max_minutes)]
+        sig, late = _all_sum(local, self.d)  # every rank must stop at the same step
+        if sig:
+            return "signal"
+        if late:
+            return "max_minutes"
+        if st.step >= tc.max_steps:
+            return "max_steps"
+        if tc.max_epochs and st.epoch >= tc.max_epochs:
+            return "max_epochs"
+        return None
+
+
+def train(cfg: Config, *, tokenizer: Tokenizer | None = None, progress: bool = True) -> TrainResult:
+    """Train (or resume) the run described by `cfg` into `cfg.train.out_dir`.
+
+    Args:
+        cfg: the whole Config; `model.vocab_size` is replaced by the tokenizer's.
+        tokenizer: use this one instead of training SentencePiece on the training text
+            (ignored on resume: the run's own `tokenizer.model` is loaded).
+        progress: show a tqdm bar (rank 0 only).
+    Returns:
+        A TrainResult: the final step, why training stopped, the last logged loss, the best
+        validation value.
+    """
+    threads = torch.get_num_threads()
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    try:
+        return _train(cfg, tokenizer, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainResult:
+    from tqdm.auto import tqdm
+
+    tc, d = cfg.train, init_distributed()
+    if tc.accum_steps < 1 or tc.max_tokens < 1:
+        raise ConfigError("train.accum_steps and train.max_tokens must be at least 1")
+    out = Path(tc.out_dir)
+    resume = find_resume(out)
+    tok = _tokenizer(cfg, out, resume, tokenizer, d)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=tok.vocab_size))
+    if tc.max_len > cfg.model.max_len:
+        raise ConfigError(f"train.max_len={tc.max_len} exceeds model.max_len={cfg.model.max_len}")
+    if resume is not None:
+        check_resumable(out, cfg)
+    data = load_data(tc, tok, d)
+    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+                          if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(tc.seed)
+    random.seed(tc.seed)
+    model = Transformer(cfg.model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=tc.adam_betas, eps=tc.adam_eps,
+                           weight_decay=tc.weight_decay)
+    state = _restore(resume, model, opt, d) if resume is not None else TrainState()
+    if d.world > 1:  # each rank its own dropout stream, a function of (seed, rank, step)
+        torch.manual_seed(tc.seed + 7919 * d.rank + 104729 * state.step)
+    if d.main:
+        ckpt_io.atomic_write_json(out / RUN_CONFIG_FILE, to_dict(cfg))
+    model.to(device).train()
+    net: torch.nn.Module = model
+    if d.world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(model)
+    if tc.compile:
+        net = torch.compile(net)  # type: ignore[assignment]
+    run, loader = _Run(cfg, tok, data, model, opt, state, d, out), StepLoader(data.train, tc, d)
+    bar = tqdm(total=tc.max_steps, initial=state.step, disable=not (progress and d.main),
+               unit="step", dynamic_ncols=True)
+    with stop_on_signals() as flag, bar:
+        while (stopped := run.should_stop(flag)) is None:
+            lr = learning_rate(state.step + 1, tc, cfg.model.d_model)
+            chunk, tokens = loader.next_step(state)
+            loss, nll = train_step(net, model, opt, data.train, chunk, tokens, lr, tc, d, device)
+            state.step, state.tokens = state.step + 1, state.tokens + tokens
+            w = run.window  # tokens / world per rank, so the sum over ranks is the step's total
+            run.window = [w[0] + loss, w[1] + nll, w[2] + tokens / d.world]
+            bar.update(1)
+            if state.step % tc.log_every == 0:
+                rec = run.log_train(lr)
+                bar.set_postfix(loss=f"{rec['loss']:.3f}", ppl=f"{rec['ppl']:.1f}", lr=f"{lr:.2e}",
+                                tok_s=f"{rec['tokens_per_s']:.0f}", ep=state.epoch + 1)
+            if data.valid and state.step % tc.valid_every == 0 and run.validate():
+                stopped = "early_stopping"
+            if state.step % tc.save_every == 0:
+                run.save()
+            if stopped:
+                break
+    if run.last_saved != state.step or not ckpt_io.list_checkpoints(out):
+        run.save()
+    if d.main:
+        log.info("stopped (%s) at step %d; run directory %s", stopped, state.step, out)
+    if d.world > 1:
+        dist.barrier()
+    return TrainResult(out, state.step, stopped, run.last_loss, state.best)

@@ -1,0 +1,196 @@
+"""train.py: the loss, the schedules, and whole (tiny) runs: learning, resuming, refusing."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aiayn.checkpoint import list_checkpoints, load_tensors
+from aiayn.config import PAD_ID, TrainConfig, load_config
+from aiayn.errors import CheckpointError
+from aiayn.model import Transformer
+from aiayn.tokenizer import Tokenizer
+from aiayn.train import (
+    cosine_lr,
+    inverse_sqrt_lr,
+    label_smoothed_loss,
+    learning_rate,
+    noam_lr,
+    train,
+)
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+# --- the loss -------------------------------------------------------------------------------------
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**16), eps=st.sampled_from([0.0, 0.1, 0.3]), n=st.integers(1, 40))
+def test_loss_equals_torch_cross_entropy(seed, eps, n):
+    g = torch.Generator().manual_seed(seed)
+    logits_NV = torch.randn(n, 11, generator=g) * 3
+    target_N = torch.randint(0, 11, (n,), generator=g)  # includes PAD_ID = 0 sometimes
+    loss, nll = label_smoothed_loss(logits_NV, target_N, eps, PAD_ID)
+    ref = F.cross_entropy(logits_NV, target_N, label_smoothing=eps, ignore_index=PAD_ID,
+                          reduction="sum")
+    ref_nll = F.cross_entropy(logits_NV, target_N, ignore_index=PAD_ID, reduction="sum")
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-5)
+
+
+def test_loss_ignores_pad_completely():
+    logits = torch.randn(4, 7, requires_grad=True)
+    loss, _ = label_smoothed_loss(logits, torch.tensor([3, PAD_ID, 5, PAD_ID]), 0.1, PAD_ID)
+    loss.backward()
+    assert logits.grad[1].abs().sum() == 0 and logits.grad[3].abs().sum() == 0
+
+
+# --- schedules --------------------------------------------------------------------------------
+
+
+def test_noam_peaks_at_warmup_and_matches_equation_3():
+    d_model, warmup = 512, 4000
+    rates = [noam_lr(s, d_model, warmup) for s in range(1, 20001)]
+    assert max(range(len(rates)), key=rates.__getitem__) + 1 == warmup
+    assert rates[warmup - 1] == pytest.approx(d_model**-0.5 * warmup**-0.5)
+    assert noam_lr(100, d_model, warmup) == pytest.approx(d_model**-0.5 * 100 * warmup**-1.5)
+    assert noam_lr(10000, d_model, warmup, 2.0) == pytest.approx(2 * d_model**-0.5 * 0.01)
+
+
+def test_other_schedules():
+    assert inverse_sqrt_lr(50, 100, 1e-3) == pytest.approx(5e-4)
+    assert inverse_sqrt_lr(100, 100, 1e-3) == pytest.approx(1e-3)
+    assert inverse_sqrt_lr(400, 100, 1e-3) == pytest.approx(5e-4)
+    assert cosine_lr(100, 100, 1100, 1e-3) == pytest.approx(1e-3)
+    assert cosine_lr(600, 100, 1100, 1e-3) == pytest.approx(5e-4)
+    assert cosine_lr(1100, 100, 1100, 1e-3) == pytest.approx(0.0, abs=1e-12)
+    tc = TrainConfig(lr_schedule="constant", lr=3e-4)
+    assert learning_rate(7, tc, 512) == 3e-4
+
+
+# --- whole runs on a copy task --------------------------------------------------------------------
+
+
+def write_copy_corpus(directory: Path, n: int = 400, seed: int = 0) -> dict[str, str]:
+    """Sentences of random letters, each its own translation; returns --set overrides."""
+    rng = random.Random(seed)
+    words = "a b c d e f g h i j k l".split()
+    lines = [" ".join(rng.choices(words, k=rng.randint(2, 8))) for _ in range(n)]
+    text = "\n".join(lines) + "\n"
+    for name in ("train.src", "train.tgt"):
+        (directory / name).write_text(text)
+    valid = "\n".join(lines[:40]) + "\n"
+    for name in ("valid.src", "valid.tgt"):
+        (directory / name).write_text(valid)
+    return {
+        "train.src": str(directory / "train.src"),
+        "train.tgt": str(directory / "train.tgt"),
+        "train.valid_src": str(directory / "valid.src"),
+        "train.valid_tgt": str(directory / "valid.tgt"),
+    }
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_copy_corpus(tmp_path_factory.mktemp("copy"))
+
+
+@pytest.fixture(scope="module")
+def tok(corpus):
+    lines = Path(corpus["train.src"]).read_text().splitlines()
+    return Tokenizer.train(lines, vocab_size=300)
+
+
+def tiny(corpus: dict[str, str], out: Path, **over: object):
+    sets = {**corpus, "train.out_dir": str(out), **{k: str(v) for k, v in over.items()}}
+    return load_config(CONFIGS / "tiny_copy.toml", [f"{k}={v}" for k, v in sets.items()])
+
+
+def test_copy_task_learns_and_writes_a_model_directory(corpus, tmp_path):
+    out = tmp_path / "run"
+    result = train(tiny(corpus, out, **{"train.max_steps": 240, "train.valid_every": 80,
+                                        "train.bleu_samples": 20}), progress=False)
+    assert result.stopped == "max_steps" and result.step == 240
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_recs = [r for r in records if "loss" in r]
+    valid_recs = [r for r in records if "valid_loss" in r]
+    assert {"step", "epoch", "loss", "ppl", "lr", "tokens_per_s", "elapsed_s"} <= set(train_recs[0])
+    assert len(valid_recs) == 3 and "valid_bleu" in valid_recs[-1]
+    assert valid_recs[-1]["valid_ppl"] < 0.5 * valid_recs[0]["valid_ppl"]
+    assert valid_recs[-1]["valid_ppl"] < 3.0  # log(12) letters would be ppl ~ 12 untrained
+    model = Transformer.load(out)  # the run directory is a model directory
+    assert Tokenizer.load(out).vocab_size == model.cfg.vocab_size
+    run_cfg = json.loads((out / "run_config.json").read_text())
+    assert set(run_cfg) == {"model", "train", "decode"}
+    assert len(list_checkpoints(out)) == 3  # keep_last = 3
+
+
+def test_resume_is_bit_identical(corpus, tok, tmp_path):
+    """2N steps straight == N steps, stop, resume, N more (dropout on, so RNG state matters)."""
+    over = {"train.valid_every": 10, "train.save_every": 7, "train.log_every": 5}
+    straight = train(tiny(corpus, tmp_path / "a", **over, **{"train.max_steps": 30}),
+                     tokenizer=tok, progress=False)
+    first = train(tiny(corpus, tmp_path / "b", **over, **{"train.max_steps": 15}),
+                  tokenizer=tok, progress=False)
+    assert first.step == 15
+    second = train(tiny(corpus, tmp_path / "b", **over, **{"train.max_steps": 30}),
+                   progress=False)
+    assert straight.step == second.step == 30
+    a = load_tensors(list_checkpoints(tmp_path / "a")[-1] / "model.safetensors")
+    b = load_tensors(list_checkpoints(tmp_path / "b")[-1] / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert straight.train_loss == second.train_loss
+
+
+def test_refuses_foreign_dirs_incompatible_configs_and_corrupt_checkpoints(corpus, tok, tmp_path):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match="refusing to overwrite"):
+        train(tiny(corpus, foreign, **{"train.max_steps": 2}), tokenizer=tok, progress=False)
+    assert (foreign / "notes.txt").read_text() == "mine" and len(list(foreign.iterdir())) == 1
+
+    out = tmp_path / "run"
+    train(tiny(corpus, out, **{"train.max_steps": 4}), tokenizer=tok, progress=False)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(CheckpointError, match=r"model.d_model was 32, now 48"):
+        train(tiny(corpus, out, **{"train.max_steps": 8, "model.d_model": 48}), progress=False)
+    with pytest.raises(CheckpointError, match=r"train.max_tokens was 256"):
+        train(tiny(corpus, out, **{"train.max_steps": 8, "train.max_tokens": 512}),
+              progress=False)
+    last = list_checkpoints(out)[-1]
+    (last / "optimizer.safetensors").write_bytes(b"garbage")
+    before[last / "optimizer.safetensors"] = b"garbage"
+    with pytest.raises(CheckpointError, match="not a readable safetensors file"):
+        train(tiny(corpus, out, **{"train.max_steps": 8}), progress=False)
+    after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before  # nothing overwritten by any refused attempt
+
+
+def test_sigterm_saves_and_resume_continues(corpus, tok, tmp_path):
+    out = tmp_path / "run"
+    cfg = tiny(corpus, out, **{"train.max_steps": 100000, "train.save_every": 100000})
+    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        result = train(cfg, tokenizer=tok, progress=False)
+    finally:
+        timer.cancel()
+    assert result.stopped == "signal" and 0 < result.step < 100000
+    assert list_checkpoints(out)[-1].name == f"step_{result.step:08d}"
+    more = train(tiny(corpus, out, **{"train.max_steps": result.step + 3}), progress=False)
+    assert more.step == result.step + 3 and more.stopped == "max_steps"
+    assert math.isfinite(more.train_loss) or math.isnan(more.train_loss)
