@@ -188,9 +188,59 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- explain, attend, plot-log: the glass box (docs/explain.md) -----------------------------------
+
+
+def _add_explain(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "explain",
+        help="every number of one translation: embeddings, Q/K/V, attention, FFN, next tokens",
+    )
+    p.add_argument("sentence", nargs="?", help="the source sentence to translate and explain")
+    p.add_argument("--model", type=Path, help="a model directory")
+    p.add_argument("--seed-example", action="store_true",
+                   help="replay the seeds' worked example (WORKED_EXAMPLES.md); no model needed")
+    p.add_argument("--format", choices=("text", "json", "html"), default="text")
+    p.add_argument("--out", type=Path, help="write to this file instead of stdout")
+    p.add_argument("--layers", help="layers to show, counted from 0: '0,2' or '0-1' (default all)")
+    p.add_argument("--heads", help="heads to show, counted from 1: '1,3' (default all)")
+    p.add_argument("--steps", help="decoding steps shown in full, from 0 (default all)")
+    p.add_argument("--dims", type=int, default=8, help="dimensions shown per vector (default 8)")
+    p.add_argument("--precision", type=int, default=4, help="decimals (default 4)")
+    p.add_argument("--top-k", type=int, default=5, help="next-token candidates per step")
+    p.add_argument("--max-len", type=int, help="most output tokens (default source length + 50)")
+    p.add_argument("--beam", type=int, default=0, help="also trace beam search of this size")
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty α for --beam")
+
+
+def _run_explain(args: argparse.Namespace) -> int:
+    from aiayn.explain_render import View, explain_report, parse_indices
+    from aiayn.explain_seed import seed_example_text
+
+    if args.seed_example:
+        report = seed_example_text()
+    else:
+        if args.model is None or not args.sentence:
+            raise AiaynError("give --model DIR and a sentence (or --seed-example)")
+        view = View(parse_indices(args.layers), parse_indices(args.heads),
+                    parse_indices(args.steps), args.dims, args.precision)
+        report = explain_report(str(args.model), args.sentence, fmt=args.format, view=view,
+                                top_k=args.top_k, max_len=args.max_len, beam=args.beam,
+                                alpha=args.alpha)  # fmt: skip
+    if args.out:
+        from aiayn.checkpoint import atomic_write_bytes
+
+        atomic_write_bytes(args.out, report.encode("utf-8"))
+        print(f"wrote {args.out}")
+    else:
+        sys.stdout.write(report)
+    return 0
+
+
 # --- main -----------------------------------------------------------------------------------------
 
 COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable[..., int]]] = {
+    "explain": (_add_explain, _run_explain),
     "info": (_add_info, _run_info),
     "data": (_add_data, _run_data),
     "translate": (_add_translate, _run_translate),
