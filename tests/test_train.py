@@ -85,7 +85,7 @@ def test_other_schedules():
 def write_copy_corpus(directory: Path, n: int = 400, seed: int = 0) -> dict[str, str]:
     """Sentences of random letters, each its own translation; returns --set overrides."""
     rng = random.Random(seed)
-    words = "a b c d e f g h i j k l".split()
+    words = list("abcdefghijkl")
     lines = [" ".join(rng.choices(words, k=rng.randint(2, 8))) for _ in range(n)]
     text = "\n".join(lines) + "\n"
     for name in ("train.src", "train.tgt"):

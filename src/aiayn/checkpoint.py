@@ -313,3 +313,24 @@ def average_checkpoints(dirs: list[Path]) -> dict[str, torch.Tensor]:
             total[name] = total.get(name, 0) + t.double()
     ref = load_tensors(Path(dirs[0]) / WEIGHTS_FILE)
     return {name: (t / len(dirs)).to(ref[name].dtype) for name, t in total.items()}
+
+
+def write_average(dirs: list[Path], out: str | Path) -> Path:
+    """Average the weights of `dirs` into a new model directory `out` (tokenizer copied).
+
+    `out` must not hold a model already: nothing is overwritten.
+    """
+    out = Path(out)
+    if (out / CONFIG_FILE).exists() or (out / WEIGHTS_FILE).exists():
+        raise CheckpointError(f"{out} already holds a model; choose a new --out")
+    averaged = average_checkpoints(dirs)
+    model = load_model_dir(dirs[0])
+    model.load_state_dict(averaged, strict=False)
+    save_model_dir(model, out)
+    first = Path(dirs[0])
+    for place in (first, first.parent.parent):  # a model dir, or a checkpoint inside a run dir
+        tokenizer = place / "tokenizer.model"
+        if tokenizer.is_file():
+            atomic_write_bytes(out / "tokenizer.model", tokenizer.read_bytes())
+            break
+    return out

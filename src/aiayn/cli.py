@@ -237,6 +237,64 @@ def _run_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- train and average (docs/training.md) ---------------------------------------------------------
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train (or resume) a translation model into train.out_dir; torchrun-aware",
+    )
+    p.add_argument("--config", type=Path, required=True, help="a TOML preset, e.g. configs/X.toml")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+        help="override one field, e.g. --set train.max_tokens=4096 (repeatable)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs only)")
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    import logging
+    import os
+
+    from aiayn.config import load_config
+    from aiayn.train import train
+
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
+    )
+    result = train(load_config(args.config, args.overrides), progress=not args.no_progress)
+    if rank == 0:
+        print(f"stopped ({result.stopped}) at step {result.step}; model: {result.out_dir}")
+    return 130 if result.stopped == "signal" else 0
+
+
+def _add_average(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("average", help="average checkpoints into a new model directory (§6.1)")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--inputs", type=Path, nargs="+", help="model/checkpoint directories")
+    g.add_argument("--run", type=Path, help="a run directory: average its last --last checkpoints")
+    p.add_argument("--last", type=int, default=5, help="with --run: how many (default 5)")
+    p.add_argument("--out", type=Path, required=True, help="new model directory")
+
+
+def _run_average(args: argparse.Namespace) -> int:
+    from aiayn.checkpoint import list_checkpoints, write_average
+    from aiayn.errors import CheckpointError
+
+    dirs = list(args.inputs or [])
+    if args.run is not None:
+        found = list_checkpoints(args.run)
+        if len(found) < args.last:
+            raise CheckpointError(f"{args.run} has {len(found)} checkpoints, --last {args.last}")
+        dirs = found[-args.last :]
+    write_average(dirs, args.out)
+    print(f"averaged {len(dirs)} checkpoints into {args.out}: {', '.join(d.name for d in dirs)}")
+    return 0
+
+
 # --- main -----------------------------------------------------------------------------------------
 
 COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable[..., int]]] = {
@@ -245,6 +303,8 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable
     "data": (_add_data, _run_data),
     "translate": (_add_translate, _run_translate),
     "evaluate": (_add_evaluate, _run_evaluate),
+    "train": (_add_train, _run_train),
+    "average": (_add_average, _run_average),
 }
 
 

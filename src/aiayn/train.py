@@ -565,6 +565,7 @@ def train(cfg: Config, *, tokenizer: Tokenizer | None = None, progress: bool = T
 
 def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainResult:
     from tqdm.auto import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
     tc, d = cfg.train, init_distributed()
     if tc.accum_steps < 1 or tc.max_tokens < 1:
@@ -599,7 +600,7 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
     run, loader = _Run(cfg, tok, data, model, opt, state, d, out), StepLoader(data.train, tc, d)
     bar = tqdm(total=tc.max_steps, initial=state.step, disable=not (progress and d.main),
                unit="step", dynamic_ncols=True)
-    with stop_on_signals() as flag, bar:
+    with stop_on_signals() as flag, bar, logging_redirect_tqdm():
         while (stopped := run.should_stop(flag)) is None:
             lr = learning_rate(state.step + 1, tc, cfg.model.d_model)
             chunk, tokens = loader.next_step(state)
