@@ -194,3 +194,43 @@ def test_sigterm_saves_and_resume_continues(corpus, tok, tmp_path):
     more = train(tiny(corpus, out, **{"train.max_steps": result.step + 3}), progress=False)
     assert more.step == result.step + 3 and more.stopped == "max_steps"
     assert math.isfinite(more.train_loss) or math.isnan(more.train_loss)
+
+
+def _losses(run: Path) -> list[float]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [r["loss"] for r in map(json.loads, lines) if "loss" in r]
+
+
+def test_torchrun_two_ranks_match_one_process_with_the_same_global_batch(corpus, tmp_path):
+    """2 CPU ranks (gloo, loopback) x 1 batch == 1 process x 2 accumulated batches.
+
+    The step's gradient is the mean over all its target tokens either way, so the logged losses
+    agree to rtol 1e-5 and the final weights to atol 1e-5 (only summation order differs).
+    Dropout is off: ranks draw their own dropout masks, a single process draws one stream.
+    """
+    import subprocess
+    import sys
+
+    sets = {**corpus, "train.max_steps": 6, "train.log_every": 1, "model.dropout": 0.0}
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    base = ["-m", "aiayn", "train", "--config", str(CONFIGS / "tiny_copy.toml"), "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    ddp = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           *base]
+    for cmd, out, extra in (
+        (ddp, tmp_path / "ddp", []),
+        ([sys.executable, *base], tmp_path / "single", ["--set", "train.accum_steps=2"]),
+    ):
+        proc = subprocess.run([*cmd, *args, "--set", f"train.out_dir={out}", *extra],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "ddp" / "tokenizer.model").read_bytes() == (
+        tmp_path / "single" / "tokenizer.model").read_bytes()
+    ddp_losses, single_losses = _losses(tmp_path / "ddp"), _losses(tmp_path / "single")
+    assert len(ddp_losses) == len(single_losses) == 6
+    assert ddp_losses[-1] < ddp_losses[0]
+    torch.testing.assert_close(ddp_losses, single_losses, rtol=1e-5, atol=0.0)
+    a = load_tensors(list_checkpoints(tmp_path / "ddp")[-1] / "model.safetensors")
+    b = load_tensors(list_checkpoints(tmp_path / "single")[-1] / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0.0, atol=1e-5)
