@@ -603,20 +603,25 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
     with stop_on_signals() as flag, bar, logging_redirect_tqdm():
         while (stopped := run.should_stop(flag)) is None:
             lr = learning_rate(state.step + 1, tc, cfg.model.d_model)
+            epoch = state.epoch
             chunk, tokens = loader.next_step(state)
             loss, nll = train_step(net, model, opt, data.train, chunk, tokens, lr, tc, d, device)
             state.step, state.tokens = state.step + 1, state.tokens + tokens
             w = run.window  # tokens / world per rank, so the sum over ranks is the step's total
             run.window = [w[0] + loss, w[1] + nll, w[2] + tokens / d.world]
             bar.update(1)
-            if state.step % tc.log_every == 0:
+            if tc.log_every > 0 and state.step % tc.log_every == 0:
                 rec = run.log_train(lr)
                 bar.set_postfix(loss=f"{rec['loss']:.3f}", ppl=f"{rec['ppl']:.1f}", lr=f"{lr:.2e}",
                                 tok_s=f"{rec['tokens_per_s']:.0f}", ep=state.epoch + 1)
-            if data.valid and state.step % tc.valid_every == 0 and run.validate():
+            t_aside = time.monotonic()  # validation and saving do not count in tokens/s
+            due = (state.step % tc.valid_every == 0 if tc.valid_every > 0
+                   else state.epoch != epoch)  # valid_every = 0: at the end of each epoch
+            if data.valid and due and run.validate():
                 stopped = "early_stopping"
-            if state.step % tc.save_every == 0:
+            if tc.save_every > 0 and state.step % tc.save_every == 0:
                 run.save()
+            run.window_t += time.monotonic() - t_aside
             if stopped:
                 break
     if run.last_saved != state.step or not ckpt_io.list_checkpoints(out):
