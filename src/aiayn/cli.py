@@ -237,6 +237,61 @@ def _run_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_attend(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "attend", help="attention heatmaps (PNG) and an interactive page (HTML) for translations"
+    )
+    p.add_argument("sentences", nargs="*", help="source sentences (or --input)")
+    p.add_argument("--model", type=Path, required=True, help="a model directory")
+    p.add_argument("--input", type=Path, help="a UTF-8 file, one source sentence per line")
+    p.add_argument("--out", type=Path, required=True, help="directory for the PNGs and HTML")
+    p.add_argument("--max-len", type=int, help="most output tokens (default source length + 50)")
+
+
+def _run_attend(args: argparse.Namespace) -> int:
+    from aiayn.checkpoint import atomic_write_bytes
+    from aiayn.model import Transformer
+    from aiayn.tokenizer import Tokenizer
+    from aiayn.viz import attention_figures, attention_for_translations
+    from aiayn.viz_html import attention_page
+
+    sentences = list(args.sentences)
+    if args.input:
+        sentences += [s for s in args.input.read_text(encoding="utf-8").splitlines() if s.strip()]
+    if not sentences:
+        raise AiaynError("give at least one sentence (or --input FILE)")
+    model, tok = Transformer.load(args.model), Tokenizer.load(args.model)
+    examples = attention_for_translations(model, tok, sentences, args.max_len)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for i, ex in enumerate(examples):
+        sub = args.out / (f"{i:03d}" if len(examples) > 1 else "")
+        sub.mkdir(parents=True, exist_ok=True)
+        for name, fig in attention_figures(ex).items():
+            fig.savefig(sub / name, dpi=110)
+        print(f"{sentences[i]} -> {ex.translation}  ({sub}/*.png)")
+    atomic_write_bytes(args.out / "attention.html", attention_page(examples).encode("utf-8"))
+    print(f"interactive view: {args.out / 'attention.html'}")
+    return 0
+
+
+def _add_plot_log(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plot-log", help="training curves (loss, perplexity, lr, BLEU) as PNG")
+    p.add_argument("run_dir", type=Path, help="a training run directory (or its metrics.jsonl)")
+    p.add_argument("--out", type=Path, help="PNG path (default RUN_DIR/curves.png)")
+
+
+def _run_plot_log(args: argparse.Namespace) -> int:
+    from aiayn.viz import plot_training_log
+
+    fig = plot_training_log(args.run_dir)
+    run_dir = args.run_dir if args.run_dir.is_dir() else args.run_dir.parent
+    out = args.out or run_dir / "curves.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    print(f"wrote {out}")
+    return 0
+
+
 # --- train and average (docs/training.md) ---------------------------------------------------------
 
 
@@ -299,6 +354,8 @@ def _run_average(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable[..., int]]] = {
     "explain": (_add_explain, _run_explain),
+    "attend": (_add_attend, _run_attend),
+    "plot-log": (_add_plot_log, _run_plot_log),
     "info": (_add_info, _run_info),
     "data": (_add_data, _run_data),
     "translate": (_add_translate, _run_translate),

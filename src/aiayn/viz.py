@@ -1,0 +1,260 @@
+"""Pictures of a model at work: attention heatmaps (PNG), an interactive attention page (HTML),
+and training curves from a run's metrics log (PNG).
+
+Figures use matplotlib's object API on the Agg canvas (no pyplot, no global backend switch), so
+they work headless and never touch a caller's own matplotlib state.
+
+Dimension key: B batch, L layers, H heads, T target (query) length, S source (key) length.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from aiayn.config import BOS_ID, PAD_ID
+from aiayn.errors import AiaynError
+from aiayn.model import AttentionMaps, Transformer
+from aiayn.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+KINDS = {
+    "enc_self": "encoder self-attention",
+    "dec_self": "decoder masked self-attention",
+    "cross": "decoder cross-attention (encoder-decoder)",
+}
+AXES = {  # (rows, columns) of each kind's maps
+    "enc_self": ("source token (query)", "source token (key)"),
+    "dec_self": ("output token being produced (query)", "token fed to the decoder (key)"),
+    "cross": ("output token being produced (query)", "source token (key)"),
+}
+
+
+@dataclass
+class AttentionExample:
+    """One sentence pair's attention maps, padding removed.
+
+    Decoder rows are labelled by the token each position *produced* (position t is fed token
+    t-1, BOS first, and predicts token t); decoder self-attention columns by the tokens *fed*.
+    """
+
+    src: list[str]  # source pieces (keys of enc_self and cross)
+    out: list[str]  # produced pieces (queries of dec_self and cross)
+    fed: list[str]  # fed pieces: BOS + out[:-1] (keys of dec_self)
+    maps: dict[str, list[Tensor]]  # kind -> per layer (H, T_q, T_k)
+    translation: str = ""  # the output as text
+
+    def labels(self, kind: str) -> tuple[list[str], list[str]]:
+        """(row labels, column labels) of `kind`'s maps."""
+        return {
+            "enc_self": (self.src, self.src),
+            "dec_self": (self.out, self.fed),
+            "cross": (self.out, self.src),
+        }[kind]
+
+
+def examples_from_maps(
+    tok: Tokenizer, src_BS: Tensor, tgt_in_BT: Tensor, tgt_out_BT: Tensor, maps: AttentionMaps
+) -> list[AttentionExample]:
+    """Split a batch's `AttentionMaps` into per-sentence examples without their PAD rows/columns.
+
+    Args:
+        src_BS, tgt_in_BT, tgt_out_BT: right-padded ids; tgt_out is tgt_in shifted left.
+        maps: from `model(src_BS, tgt_in_BT, return_attention=True)`.
+    """
+    out = []
+    for b in range(src_BS.size(0)):
+        S = int((src_BS[b] != PAD_ID).sum())
+        T = int((tgt_in_BT[b] != PAD_ID).sum())
+        ex = AttentionExample(
+            tok.pieces(src_BS[b, :S].tolist()),
+            tok.pieces(tgt_out_BT[b, :T].tolist()),
+            tok.pieces(tgt_in_BT[b, :T].tolist()),
+            {
+                "enc_self": [m[b, :, :S, :S] for m in maps.enc_self],
+                "dec_self": [m[b, :, :T, :T] for m in maps.dec_self],
+                "cross": [m[b, :, :T, :S] for m in maps.cross],
+            },
+        )
+        out.append(ex)
+    return out
+
+
+@torch.no_grad()
+def attention_for_translations(
+    model: Transformer, tok: Tokenizer, sentences: list[str], max_len: int | None = None
+) -> list[AttentionExample]:
+    """Translate each sentence greedily (as `aiayn translate --beam 1`), then take the attention
+    maps of one teacher-forced pass over the translation the model actually produced."""
+    from aiayn.explain import greedy_translate
+
+    pairs = [greedy_translate(model, tok, s, max_len) for s in sentences]
+    S = max(len(src) for src, _ in pairs)
+    T = max(len(out) for _, out in pairs)
+    src_BS = torch.full((len(pairs), S), PAD_ID)
+    tgt_in_BT = torch.full((len(pairs), T), PAD_ID)
+    tgt_out_BT = torch.full((len(pairs), T), PAD_ID)
+    for b, (src, out) in enumerate(pairs):
+        src_BS[b, : len(src)] = torch.tensor(src)
+        tgt_in_BT[b, : len(out)] = torch.tensor([BOS_ID, *out[:-1]])
+        tgt_out_BT[b, : len(out)] = torch.tensor(out)
+    model.eval()
+    _, maps = model(src_BS, tgt_in_BT, return_attention=True)
+    examples = examples_from_maps(tok, src_BS, tgt_in_BT, tgt_out_BT, maps)
+    for ex, (_, out) in zip(examples, pairs, strict=True):
+        ex.translation = tok.decode(out)
+    return examples
+
+
+# --- PNG heatmaps ---------------------------------------------------------------------------------
+
+
+def plot_attention_grid(
+    maps_L: list[Tensor], rows: list[str], cols: list[str], title: str, axis_names=("", "")
+) -> Figure:
+    """One heatmap per layer (grid rows) and head (grid columns), plus each layer's head mean.
+
+    Args:
+        maps_L: per layer, weights (H, T_q, T_k); rows/cols label T_q and T_k.
+        axis_names: what the rows (queries) and columns (keys) are, for the axis labels.
+    """
+    L, H = len(maps_L), maps_L[0].size(0)
+    cell = max(1.8, 0.22 * max(len(rows), len(cols)) + 0.9)
+    fig = Figure(figsize=(cell * (H + 1), cell * L + 0.8), layout="constrained")
+    fig.suptitle(title)
+    axes = fig.subplots(L, H + 1, squeeze=False)
+    vmax = max(float(m.max()) for m in maps_L) or 1.0
+    image = None
+    for layer, m_HTS in enumerate(maps_L):
+        panels = [*m_HTS, m_HTS.mean(0)]
+        for h, w_TS in enumerate(panels):
+            ax = axes[layer][h]
+            image = ax.imshow(w_TS.float().numpy(), cmap="viridis", vmin=0.0, vmax=vmax)
+            ax.set_title(f"layer {layer} · " + (f"head {h + 1}" if h < H else "mean of heads"),
+                         fontsize=8)  # fmt: skip
+            ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=6)
+            ax.set_yticks(range(len(rows)), rows, fontsize=6)
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    fig.supylabel(axis_names[0] or "query")
+    fig.supxlabel(axis_names[1] or "key")
+    return fig
+
+
+def plot_attention_average(ex: AttentionExample, title: str) -> Figure:
+    """Each kind of attention averaged over all layers and heads, side by side."""
+    fig = Figure(figsize=(14, 5), layout="constrained")
+    fig.suptitle(title)
+    axes = fig.subplots(1, 3)
+    for ax, kind in zip(axes, KINDS, strict=True):
+        w_TS = torch.stack(ex.maps[kind]).mean((0, 1))
+        rows, cols = ex.labels(kind)
+        image = ax.imshow(w_TS.float().numpy(), cmap="viridis", vmin=0.0)
+        ax.set_title(f"{KINDS[kind]}\nmean over layers and heads", fontsize=9)
+        ax.set_ylabel(AXES[kind][0], fontsize=8)
+        ax.set_xlabel(AXES[kind][1], fontsize=8)
+        ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(rows)), rows, fontsize=7)
+        fig.colorbar(image, ax=ax, shrink=0.7)
+    return fig
+
+
+def attention_figures(ex: AttentionExample) -> dict[str, Figure]:
+    """File name -> figure: enc_self.png, dec_self.png, cross.png (grids) and average.png."""
+    src = " ".join(ex.src)
+    figs = {}
+    for kind, name in KINDS.items():
+        rows, cols = ex.labels(kind)
+        title = f"{name}\nsource: {src}"
+        figs[f"{kind}.png"] = plot_attention_grid(ex.maps[kind], rows, cols, title, AXES[kind])
+    title = f"source: {src}\noutput: {' '.join(ex.out)}"
+    figs["average.png"] = plot_attention_average(ex, title)
+    return figs
+
+
+# --- training curves ---------------------------------------------------------------------------
+
+
+def read_metrics(path: str | Path) -> tuple[list[dict], int]:
+    """Records of a metrics.jsonl, and how many lines were not JSON objects (skipped).
+
+    A resumed run may log a step twice: the later record wins.
+    """
+    records: dict[tuple[bool, float], dict] = {}
+    bad = 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1
+                continue
+            if not isinstance(rec, dict) or not isinstance(rec.get("step"), int | float):
+                bad += 1
+                continue
+            is_valid = any(k.startswith("valid_") for k in rec)
+            records[(is_valid, rec["step"])] = rec
+    return sorted(records.values(), key=lambda r: r["step"]), bad
+
+
+CURVES = [  # panel title, [(key, label)], log scale
+    ("loss", [("loss", "train (label-smoothed)"), ("valid_loss", "valid")], False),
+    ("perplexity", [("ppl", "train"), ("valid_ppl", "valid")], True),
+    ("learning rate", [("lr", "lr")], False),
+    ("BLEU", [("valid_bleu", "valid BLEU")], False),
+]
+
+
+def plot_training_log(run_dir: str | Path) -> Figure:
+    """Loss, perplexity, learning rate and (when logged) BLEU against the training step."""
+    path = Path(run_dir)
+    path = path / "metrics.jsonl" if path.is_dir() else path
+    if not path.exists():
+        raise AiaynError(f"no metrics log at {path} (aiayn train writes RUN_DIR/metrics.jsonl)")
+    records, bad = read_metrics(path)
+    if bad:
+        log.warning("%s: skipped %d lines that are not metric records", path, bad)
+    panels = []
+    for title, keys, log_y in CURVES:
+        series = []
+        for key, label in keys:
+            pts = [(r["step"], r[key]) for r in records if _finite(r.get(key))]
+            if pts:
+                series.append((label, pts))
+        if series:
+            panels.append((title, series, log_y))
+    if not panels:
+        raise AiaynError(f"{path}: no loss, perplexity, learning rate or BLEU records to plot")
+    n_cols = 2 if len(panels) > 2 else len(panels)
+    n_rows = math.ceil(len(panels) / n_cols)
+    fig = Figure(figsize=(6 * n_cols, 3.8 * n_rows), layout="constrained")
+    fig.suptitle(f"training curves: {path.parent.name or path}")
+    axes = fig.subplots(n_rows, n_cols, squeeze=False).flatten()
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    for ax, (title, series, log_y) in zip(axes, panels, strict=False):
+        for label, pts in series:
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=label)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if log_y and all(y > 0 for _, pts in series for _, y in pts):
+            ax.set_yscale("log")
+        if title == "learning rate":
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return fig
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)

@@ -1,0 +1,326 @@
+"""Attention pictures and training curves: the right maps, the right panels, files written; the
+interactive page checked in a real headless Chromium (skipped where Chromium is absent)."""
+
+import base64
+import contextlib
+import json
+import random
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.cli import main
+from aiayn.config import BOS_ID, PAD_ID, ModelConfig
+from aiayn.errors import AiaynError
+from aiayn.model import Transformer
+from aiayn.tokenizer import Tokenizer
+from aiayn.viz import (
+    attention_figures,
+    attention_for_translations,
+    plot_attention_grid,
+    plot_training_log,
+    read_metrics,
+)
+from aiayn.viz_html import attention_page
+
+WORDS = "the cat dog sees a small big red house tree runs walks on under street garden".split()  # noqa: SIM905
+SENTENCES = ["the cat sees a red house", "a dog", "under the big tree the small cat runs"]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model")
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(300)]
+    tok = Tokenizer.train(lines, vocab_size=320)
+    torch.manual_seed(0)
+    Transformer(ModelConfig.preset("cpu_tiny", vocab_size=tok.vocab_size)).save(path)
+    tok.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def examples(model_dir):
+    model, tok = Transformer.load(model_dir), Tokenizer.load(model_dir)
+    return attention_for_translations(model, tok, SENTENCES, max_len=6)
+
+
+# --- attention maps -------------------------------------------------------------------------------
+
+
+def test_batched_maps_equal_one_sentence_at_a_time(model_dir, examples):
+    """Padding is stripped per sentence: a batch gives each sentence its own unpadded maps."""
+    model, tok = Transformer.load(model_dir), Tokenizer.load(model_dir)
+    for sentence, ex in zip(SENTENCES, examples, strict=True):
+        (alone,) = attention_for_translations(model, tok, [sentence], max_len=6)
+        assert (alone.src, alone.out, alone.fed) == (ex.src, ex.out, ex.fed)
+        for kind in ("enc_self", "dec_self", "cross"):
+            for a, b in zip(alone.maps[kind], ex.maps[kind], strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_maps_are_the_produced_translation(model_dir, examples):
+    model, tok = Transformer.load(model_dir), Tokenizer.load(model_dir)
+    ex = examples[0]
+    src = tok.encode(SENTENCES[0])
+    assert ex.src == tok.pieces(src) and ex.fed[0] == tok.pieces([BOS_ID])[0]
+    assert ex.fed[1:] == ex.out[:-1] and len(ex.out) <= 6
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    T, S = len(ex.out), len(src)
+    assert [tuple(m.shape) for m in ex.maps["cross"]] == [(H, T, S)] * L
+    assert [tuple(m.shape) for m in ex.maps["dec_self"]] == [(H, T, T)] * L
+    assert bool((ex.maps["dec_self"][0].triu(1) == 0).all())  # causal: nothing from the future
+    torch.testing.assert_close(ex.maps["enc_self"][1].sum(-1), torch.ones(H, S))
+    assert PAD_ID not in tok.encode(SENTENCES[0])
+
+
+def test_attention_grid_has_a_panel_per_layer_and_head_plus_the_mean(examples, tmp_path):
+    ex = examples[2]
+    fig = plot_attention_grid(ex.maps["cross"], ex.out, ex.src, "cross")
+    L, H = len(ex.maps["cross"]), ex.maps["cross"][0].size(0)
+    panels = [ax for ax in fig.axes if ax.get_images()]
+    assert len(panels) == L * (H + 1)
+    assert [t.get_text() for t in panels[0].get_xticklabels()] == ex.src
+    assert panels[H].get_title() == "layer 0 · mean of heads"
+    figs = attention_figures(ex)
+    assert sorted(figs) == ["average.png", "cross.png", "dec_self.png", "enc_self.png"]
+    for name, f in figs.items():
+        f.savefig(tmp_path / name)
+        assert (tmp_path / name).read_bytes().startswith(PNG)
+
+
+def test_cli_attend_writes_pngs_and_html(model_dir, tmp_path, capsys):
+    out = tmp_path / "att"
+    assert main(["attend", "--model", str(model_dir), SENTENCES[0], "--out", str(out),
+                 "--max-len", "4"]) == 0  # fmt: skip
+    for name in ("enc_self.png", "dec_self.png", "cross.png", "average.png"):
+        assert (out / name).read_bytes().startswith(PNG)
+    page = (out / "attention.html").read_text(encoding="utf-8")
+    assert "<script" in page and not re.search(
+        r"<script[^>]*\bsrc=|<link|<img|fetch\(|XMLHttp", page
+    )
+    (tmp_path / "in.txt").write_text("a dog\n\nthe red tree\n", encoding="utf-8")
+    assert main(["attend", "--model", str(model_dir), "--input", str(tmp_path / "in.txt"),
+                 "--out", str(tmp_path / "two"), "--max-len", "3"]) == 0  # fmt: skip
+    assert (tmp_path / "two" / "001" / "cross.png").exists()
+    assert main(["attend", "--model", str(model_dir), "--out", str(tmp_path / "x")]) == 2
+    assert "at least one sentence" in capsys.readouterr().err
+
+
+def test_page_embeds_every_weight(examples):
+    page = attention_page(examples)
+    blob = page.split('<script type="application/json" id="data">')[1].split("</script>")[0]
+    data = json.loads(blob.replace("<\\/", "</"))
+    assert len(data["examples"]) == 3
+    w = data["examples"][1]["kinds"]["cross"]["w"]
+    torch.testing.assert_close(torch.tensor(w), torch.stack(examples[1].maps["cross"]), atol=6e-5,
+                               rtol=0)  # fmt: skip
+
+
+# --- training curves ------------------------------------------------------------------------------
+
+
+def write_log(path, records, junk=False):
+    with open(path / "metrics.jsonl", "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+        if junk:
+            f.write('{"step": 7, "loss": 1.0\n[1, 2]\n')  # a torn last line and a non-record
+
+
+def panel_titles(fig):
+    return [ax.get_title() for ax in fig.axes if ax.get_visible()]
+
+
+def test_plot_log_tolerates_missing_keys_and_junk(tmp_path):
+    write_log(tmp_path, [
+        {"step": 10, "loss": 5.0, "ppl": 90.0, "lr": 1e-4, "tokens_per_s": 100},
+        {"step": 20, "loss": 4.0, "lr": 2e-4},  # no ppl
+        {"step": 20, "valid_loss": 4.5, "valid_ppl": 60.0},
+        {"step": 30, "loss": 3.5, "ppl": float("nan")},  # NaN is skipped, not plotted
+    ], junk=True)  # fmt: skip
+    records, bad = read_metrics(tmp_path / "metrics.jsonl")
+    assert bad == 2 and len(records) == 4
+    fig = plot_training_log(tmp_path)
+    assert panel_titles(fig) == ["loss", "perplexity", "learning rate"]  # no BLEU logged
+    loss_ax = fig.axes[0]
+    assert [line.get_label() for line in loss_ax.get_lines()] == ["train (label-smoothed)", "valid"]
+    assert list(loss_ax.get_lines()[0].get_xdata()) == [10, 20, 30]
+
+
+def test_plot_log_with_bleu_and_a_resumed_run(tmp_path):
+    write_log(tmp_path, [
+        {"step": 100, "loss": 3.0, "ppl": 20.0, "lr": 1e-3},
+        {"step": 200, "loss": 2.0, "ppl": 7.0, "lr": 9e-4},
+        {"step": 200, "valid_loss": 2.5, "valid_ppl": 12.0, "valid_bleu": 10.0},
+        {"step": 200, "loss": 2.1, "ppl": 8.0, "lr": 9e-4},  # resumed from step 100: step 200 again
+    ])  # fmt: skip
+    fig = plot_training_log(tmp_path / "metrics.jsonl")
+    assert panel_titles(fig) == ["loss", "perplexity", "learning rate", "BLEU"]
+    assert list(fig.axes[0].get_lines()[0].get_ydata()) == [3.0, 2.1]  # the later record wins
+
+
+def test_plot_log_errors_and_cli(tmp_path, capsys):
+    with pytest.raises(AiaynError, match="no metrics log"):
+        plot_training_log(tmp_path)
+    write_log(tmp_path, [{"step": 1, "tokens_per_s": 5.0}])
+    with pytest.raises(AiaynError, match="no loss"):
+        plot_training_log(tmp_path)
+    write_log(tmp_path, [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.0}])
+    assert main(["plot-log", str(tmp_path)]) == 0
+    assert (tmp_path / "curves.png").read_bytes().startswith(PNG)
+    assert main(["plot-log", str(tmp_path / "nowhere")]) == 2
+    assert "no metrics log" in capsys.readouterr().err
+
+
+# --- the interactive page in a real browser -------------------------------------------------------
+
+
+class Chromium:
+    """Headless Chromium driven over the DevTools protocol (a websocket)."""
+
+    FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--remote-debugging-port=0", "--window-size=1400,1000")  # fmt: skip
+
+    def __init__(self, binary: str):
+        import websocket
+
+        self.profile = tempfile.mkdtemp(prefix="aiayn-chromium-")
+        self.proc = subprocess.Popen(
+            [binary, *self.FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        port_file = Path(self.profile, "DevToolsActivePort")  # Chromium writes its port here
+        deadline = time.monotonic() + 60
+        while not (port_file.exists() and port_file.read_text().strip()):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError("Chromium did not start")
+            time.sleep(0.1)
+        port = port_file.read_text().split()[0]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
+            page = next(t for t in json.load(r) if t["type"] == "page")
+        self.ws = websocket.create_connection(
+            page["webSocketDebuggerUrl"], timeout=30, suppress_origin=True
+        )
+        self.next_id, self.events = 0, []
+
+    def send(self, method: str, **params):
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == self.next_id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg["result"]
+            self.events.append(msg)
+
+    def wait_for(self, method: str, timeout: float = 30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(e.get("method") == method for e in self.events):
+                return
+            self.events.append(json.loads(self.ws.recv()))
+        raise TimeoutError(method)
+
+    def js(self, expression: str):
+        result = self.send("Runtime.evaluate", expression=expression, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(result["exceptionDetails"])
+        return result["result"].get("value")
+
+    def errors(self) -> list:
+        out = []
+        for e in self.events:
+            m, p = e.get("method"), e.get("params", {})
+            if m == "Runtime.exceptionThrown" or (m == "Log.entryAdded" and p["entry"]["level"]
+                                                  == "error"):  # fmt: skip
+                out.append(p)
+            if m == "Runtime.consoleAPICalled" and p["type"] in ("error", "assert"):
+                out.append(p)
+        return out
+
+    def close(self):
+        with contextlib.suppress(Exception):
+            self.ws.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+@pytest.fixture
+def chromium():
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is None:
+        pytest.skip("Chromium not installed (Debian: apt-get install -y chromium); "
+                    "the interactive attention page is not checked in a browser")  # fmt: skip
+    pytest.importorskip("websocket", reason="websocket-client not installed (pip install .[test])")
+    browser = Chromium(binary)
+    yield browser
+    browser.close()
+
+
+EDGES = "JSON.stringify([...document.querySelectorAll('#edges line')].map(l => " \
+        "[l.getAttribute('y1'), l.getAttribute('y2'), l.getAttribute('stroke'), " \
+        "l.getAttribute('stroke-opacity')]))"  # fmt: skip
+
+
+def choose(select: str, value: str) -> str:
+    return (f"(() => {{ const s = document.getElementById('{select}'); s.value = '{value}';"
+            f" s.dispatchEvent(new Event('change')); }})()")  # fmt: skip
+
+
+def test_interactive_page_in_headless_chromium(chromium, examples, tmp_path):
+    page = tmp_path / "attention.html"
+    page.write_text(attention_page(examples), encoding="utf-8")
+    for domain in ("Runtime", "Log", "Page", "Network"):
+        chromium.send(f"{domain}.enable")
+    chromium.send("Emulation.setDeviceMetricsOverride", width=1300, height=900,
+                  deviceScaleFactor=1, mobile=False)  # fmt: skip
+    chromium.send("Page.navigate", url=page.as_uri())
+    chromium.wait_for("Page.loadEventFired")
+    assert chromium.js("document.getElementById('layer').options.length") == 2
+    assert chromium.js("document.getElementById('head').options.length") == 5  # all + 4 heads
+    all_heads = json.loads(chromium.js(EDGES))
+    assert len({stroke for _, _, stroke, _ in all_heads}) == 4  # one colour per head
+    chromium.js(choose("layer", "1"))
+    layer1 = json.loads(chromium.js(EDGES))
+    assert layer1 and layer1 != all_heads
+    chromium.js(choose("head", "2"))
+    head3 = json.loads(chromium.js(EDGES))
+    assert head3 and len({stroke for _, _, stroke, _ in head3}) == 1 and head3 != layer1
+    # the lines drawn are the weights: every query row's shown opacities sum to at most 1
+    n_src = len(examples[0].src)
+    assert len(head3) <= n_src * n_src
+    chromium.js(choose("kind", "cross"))
+    cross = json.loads(chromium.js(EDGES))
+    assert cross != head3
+    n_rows = len(examples[0].out)
+    # hovering a query token keeps only its own lines
+    chromium.js("document.querySelectorAll('#lines text.tok')[0]"
+                ".dispatchEvent(new MouseEvent('mouseenter'))")  # fmt: skip
+    hovered = json.loads(chromium.js(EDGES))
+    assert 0 < len(hovered) < len(cross) or n_rows == 1
+    assert {y1 for y1, _, _, _ in hovered} == {hovered[0][0]}
+    assert "attends to" in chromium.js("document.getElementById('info').textContent")
+    chromium.js(choose("example", "2"))
+    assert "under" in chromium.js("document.getElementById('example').selectedOptions[0].text")
+    shot = base64.b64decode(chromium.send("Page.captureScreenshot", format="png")["data"])
+    (tmp_path / "screenshot.png").write_bytes(shot)
+    assert shot.startswith(PNG) and len(shot) > 10_000
+    assert chromium.errors() == []
+    requests = [e["params"]["request"]["url"] for e in chromium.events
+                if e.get("method") == "Network.requestWillBeSent"]  # fmt: skip
+    assert all(url.startswith("file:") for url in requests), requests  # no network
