@@ -126,8 +126,10 @@ def test_greedy_scripted_and_beam_one() -> None:
     assert [h.eos for h in greedy] == [True, False]
     assert greedy[0].log_prob == pytest.approx(math.log(0.2))
     assert greedy[1].log_prob == pytest.approx(math.log(0.6 * 0.5 * 0.4 * 0.5))
-    beam1 = beam_search(TableModel(), SRC, cfg)
-    assert [b[0] for b in beam1] == greedy
+    beam1 = [b[0] for b in beam_search(TableModel(), SRC, cfg)]
+    assert [(b.tokens, b.eos) for b in beam1] == [(g.tokens, g.eos) for g in greedy]
+    for b, g in zip(beam1, greedy, strict=True):
+        assert b.log_prob == pytest.approx(g.log_prob, abs=1e-6)
 
 
 def test_min_len_forbids_early_eos() -> None:

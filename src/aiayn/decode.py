@@ -147,7 +147,7 @@ def _forbid(scores_RV: Tensor, no_eos: bool) -> None:
 
 # --- one hypothesis per row: greedy and sampling --------------------------------------------------
 
-Pick = Callable[[Tensor], Tensor]  # logits_RV -> next token ids (R,)
+Pick = Callable[[Tensor], Tensor]  # log-probabilities (R, V) -> next token ids (R,)
 
 
 def _search_single(
@@ -176,11 +176,10 @@ def _search_single(
             prefix_rt = torch.cat([bos_r1, out_RT[rows_r, :t]], 1)
             fresh = model.init_cache(memory, t + 1)
             logits_rV, _ = model.decode_step(prefix_rt, memory, fresh)
-        logits_rV = logits_rV.float()
-        lse_r = logits_rV.logsumexp(-1)
-        _forbid(logits_rV, t < cfg.min_len)
-        next_r = pick(logits_rV)
-        lp_r = logits_rV.gather(1, next_r[:, None])[:, 0] - lse_r
+        lp_rV = logits_rV.float().log_softmax(-1)  # one fused pass (cheaper than logsumexp)
+        _forbid(lp_rV, t < cfg.min_len)
+        next_r = pick(lp_rV)
+        lp_r = lp_rV.gather(1, next_r[:, None])[:, 0]
         log_prob_R[rows_r] += lp_r.double().cpu()
         is_eos_r = next_r == EOS_ID
         out_RT[rows_r, t] = next_r
@@ -248,8 +247,8 @@ def sample_search(model: Decodable, src_BS: Tensor, cfg: DecodeConfig) -> list[l
     device = src_BS.device
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
 
-    def pick(logits_rV: Tensor) -> Tensor:
-        logits_rV = top_p_filter(top_k_filter(logits_rV / cfg.temperature, cfg.top_k), cfg.top_p)
+    def pick(lp_rV: Tensor) -> Tensor:
+        logits_rV = top_p_filter(top_k_filter(lp_rV / cfg.temperature, cfg.top_k), cfg.top_p)
         return torch.multinomial(logits_rV.softmax(-1), 1, generator=gen)[:, 0]
 
     n = cfg.nbest
@@ -283,9 +282,10 @@ def _beam_search(model: Decodable, src_BS: Tensor, cfg: DecodeConfig) -> list[li
     memory = model.encode(src_BS)
     max_len_b = _limits(model, memory, cfg)
     T = int(max_len_b.max())
+    # Cross-attention K/V are projected once per sentence, then copied to its N beams.
     beam_rows = torch.arange(B, device=device).repeat_interleave(N)
+    cache = model.init_cache(memory, T).index_select(beam_rows, cross=True)
     memory = memory.index_select(beam_rows)
-    cache = model.init_cache(memory, T)
     tokens_rT = src_BS.new_full((B * N, T + 1), PAD_ID)
     tokens_rT[:, 0] = BOS_ID
     # Only beam 0 is live at the start, so the first step does not pick N copies of one token.
