@@ -82,6 +82,7 @@ class Entry:
     value: Tensor
     rows: list[str]
     cols: list[str] | None = None
+    row_start: int = 0  # position of the first row (a decoding step's query is at position t)
 
     @property
     def description(self) -> str:
@@ -148,8 +149,14 @@ def stable_name(model_name: str) -> str:
     return step + name
 
 
-def _add(trace: Trace, raw: dict[str, Tensor], queries: list[str], keys: dict[str, list[str]]):
-    """Turn the recorder's raw tensors into labelled entries (per head for (B, H, T, K) ones)."""
+def _add(
+    trace: Trace, raw: dict[str, Tensor], queries: list[str], keys: dict[str, list[str]], t: int = 0
+) -> None:
+    """Turn the recorder's raw tensors into labelled entries (per head for (B, H, T, K) ones).
+
+    `queries` label the rows of the stream (starting at position `t`), `keys` the keys of each
+    kind of attention (starting at position 0).
+    """
     for model_name, x in raw.items():
         name = stable_name(model_name)
         base, _, leaf = name.rpartition(".")
@@ -158,14 +165,14 @@ def _add(trace: Trace, raw: dict[str, Tensor], queries: list[str], keys: dict[st
             key_rows = keys[attn]
             for h in range(x.size(1)):
                 out_leaf = "output" if leaf == "heads" else leaf
-                rows = key_rows if leaf in ("k", "v") else queries
                 cols = key_rows if leaf.startswith(("scores", "weights")) else None
                 full = f"{base}.head{h + 1}.{out_leaf}"
-                trace.entries[full] = Entry(full, x[0, h], rows, cols)
+                rows, start = (key_rows, 0) if leaf in ("k", "v") else (queries, t)
+                trace.entries[full] = Entry(full, x[0, h], rows, cols, start)
         elif x.dim() == 3:  # (B, T, D)
-            trace.entries[name] = Entry(name, x[0], queries)
+            trace.entries[name] = Entry(name, x[0], queries, None, t)
         else:  # positions: (T, D), no batch dimension
-            trace.entries[name] = Entry(name, x, queries)
+            trace.entries[name] = Entry(name, x, queries, None, t)
 
 
 def _check(model: object, tok: Tokenizer) -> Transformer:
@@ -243,15 +250,13 @@ def explain(
         with tracing(prefix=f"step{t}.") as rec:
             logits_1V, cache = model.decode_step(torch.tensor([[fed[-1]]]), memory, cache)
         fed_pieces = tok.pieces(fed)
-        _add(
-            trace,
-            rec.tensors,
-            [fed_pieces[-1]],
-            {"self_attn": fed_pieces, "cross_attn": src_pieces},
-        )
+        keys = {"self_attn": fed_pieces, "cross_attn": src_pieces}
+        _add(trace, rec.tensors, [fed_pieces[-1]], keys, t)
         probs_V = torch.softmax(logits_1V[0].float(), dim=-1)
         for leaf, x in (("logits", logits_1V[0]), ("probs", probs_V)):
-            trace.entries[f"step{t}.{leaf}"] = Entry(f"step{t}.{leaf}", x, [fed_pieces[-1]])
+            trace.entries[f"step{t}.{leaf}"] = Entry(
+                f"step{t}.{leaf}", x, [fed_pieces[-1]], None, t
+            )
         p_k, i_k = probs_V.topk(min(top_k, probs_V.numel()))
         top = [(int(i), tok.pieces([int(i)])[0], float(p)) for p, i in zip(p_k, i_k, strict=True)]
         chosen = next_token(probs_V)

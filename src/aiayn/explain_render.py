@@ -110,7 +110,8 @@ def sections(trace: Trace, view: View) -> Iterator[tuple[str, list[Entry], int |
 
     yield "encoder: embeddings", pick([f"encoder.embed.{x}" for x in embed]), None
     for layer in range(L):
-        yield f"encoder layer {layer}", pick(_layer("encoder", layer, H)), None
+        if entries := pick(_layer("encoder", layer, H)):  # layers not chosen leave no heading
+            yield f"encoder layer {layer}", entries, None
     for choice in trace.steps:
         t = choice.t
         title = f"decoding step {t}: feed {choice.input_piece!r} at position {t}"
@@ -143,11 +144,9 @@ def _table(entry: Entry, view: View) -> list[str]:
         norms = value.norm(dim=1)
         for r, row in enumerate(cells):
             row += (["…"] if shown < n_cols else []) + [_fmt(float(norms[r]), view.precision)]
-    labels = (
-        [f"{i}:{p}" for i, p in enumerate(entry.rows)]
-        if len(entry.rows) == n_rows
-        else [str(i) for i in range(n_rows)]
-    )
+    labels = [f"{entry.row_start + i}:{p}" for i, p in enumerate(entry.rows)]
+    if len(labels) != n_rows:
+        labels = [str(i) for i in range(n_rows)]
     w0 = max(len(s) for s in labels)
     widths = [max(len(h), *(len(row[j]) for row in cells)) for j, h in enumerate(header)]
     lines = [" " * w0 + "  " + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
@@ -211,6 +210,10 @@ def to_text(trace: Trace, view: View | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
 def _which(chosen: tuple[int, ...] | None) -> str:
     return "all" if chosen is None else ",".join(map(str, chosen))
 
@@ -225,7 +228,7 @@ def beam_text(beam: BeamTrace) -> list[str]:
     for step in beam.steps:
         out += [
             "",
-            f"-- step {step.t}: {len(step.live)} live hypotheses entering --",
+            f"-- step {step.t}: {_plural(len(step.live), 'live hypothesis', 'live hypotheses')} --",
         ]
         for i, h in enumerate(step.live):
             out.append(f"  [{i}] {h.text():<40} log p = {h.logprob:9.4f}  score = {h.score:9.4f}")
