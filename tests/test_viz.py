@@ -16,13 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.checkpoint import load_model_dir
 from aiayn.cli import main
 from aiayn.config import BOS_ID, PAD_ID, ModelConfig
 from aiayn.errors import AiaynError
-from aiayn.model import Transformer
+from aiayn.model import DecoderLM, EncoderClassifier, Transformer
 from aiayn.tokenizer import Tokenizer
 from aiayn.viz import (
     attention_figures,
+    attention_for_model,
     attention_for_translations,
     plot_attention_grid,
     plot_training_log,
@@ -113,6 +115,43 @@ def test_cli_attend_writes_pngs_and_html(model_dir, tmp_path, capsys):
     assert (tmp_path / "two" / "001" / "cross.png").exists()
     assert main(["attend", "--model", str(model_dir), "--out", str(tmp_path / "x")]) == 2
     assert "at least one sentence" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def other_models(model_dir, tmp_path_factory):
+    """An encoder-only classifier and a decoder-only LM sharing the tokenizer, saved."""
+    tok = Tokenizer.load(model_dir)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_heads=2, n_layers=2, d_ff=64)
+    dirs = {}
+    for name, model in (("cls", EncoderClassifier(cfg, n_classes=3)), ("lm", DecoderLM(cfg))):
+        dirs[name] = tmp_path_factory.mktemp(name)
+        model.save(dirs[name])
+        tok.save(dirs[name])
+    return dirs
+
+
+def test_encoder_only_and_decoder_only_models(other_models):
+    lm, tok = load_model_dir(other_models["lm"]), Tokenizer.load(other_models["lm"])
+    (ex,) = attention_for_model(lm, tok, [SENTENCES[0]])
+    ids = tok.encode(SENTENCES[0], bos=True)
+    assert list(ex.maps) == ["lm_self"] and ex.src == tok.pieces(ids) and ex.out == []
+    with torch.no_grad():
+        _, maps = lm(torch.tensor([ids]), return_attention=True)  # the model's own maps
+    for got, want in zip(ex.maps["lm_self"], maps, strict=True):
+        torch.testing.assert_close(got, want[0])
+    assert bool((ex.maps["lm_self"][1].triu(1) == 0).all())
+    cls = load_model_dir(other_models["cls"])
+    a, b = attention_for_model(cls, tok, SENTENCES[:2])  # padded batch, split per sentence
+    assert list(a.maps) == ["enc_self"] and a.maps["enc_self"][0].shape[-1] == len(a.src)
+    torch.testing.assert_close(b.maps["enc_self"][1].sum(-1), torch.ones(2, len(b.src)))
+    assert sorted(attention_figures(a)) == ["average.png", "enc_self.png"]
+
+
+def test_cli_attend_on_a_decoder_only_model(other_models, tmp_path):
+    out = tmp_path / "lm"
+    assert main(["attend", "--model", str(other_models["lm"]), "a dog", "--out", str(out)]) == 0
+    assert (out / "lm_self.png").exists() and (out / "average.png").exists()
+    assert '"lm_self"' in (out / "attention.html").read_text(encoding="utf-8")
 
 
 def test_page_embeds_every_weight(examples):
@@ -225,9 +264,13 @@ class Chromium:
             self.events.append(msg)
 
     def wait_for(self, method: str, timeout: float = 30):
+        self.wait_for_n(method, 1, timeout)
+
+    def wait_for_n(self, method: str, n: int, timeout: float = 30):
+        """Until `method` has been seen n times since the browser started."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if any(e.get("method") == method for e in self.events):
+            if sum(e.get("method") == method for e in self.events) >= n:
                 return
             self.events.append(json.loads(self.ws.recv()))
         raise TimeoutError(method)
@@ -282,7 +325,9 @@ def choose(select: str, value: str) -> str:
             f" s.dispatchEvent(new Event('change')); }})()")  # fmt: skip
 
 
-def test_interactive_page_in_headless_chromium(chromium, examples, tmp_path):
+def test_interactive_page_in_headless_chromium(chromium, examples, other_models, tmp_path):
+    lm, tok = load_model_dir(other_models["lm"]), Tokenizer.load(other_models["lm"])
+    (lm_example,) = attention_for_model(lm, tok, ["the red tree"])
     page = tmp_path / "attention.html"
     page.write_text(attention_page(examples), encoding="utf-8")
     for domain in ("Runtime", "Log", "Page", "Network"):
@@ -320,6 +365,18 @@ def test_interactive_page_in_headless_chromium(chromium, examples, tmp_path):
     shot = base64.b64decode(chromium.send("Page.captureScreenshot", format="png")["data"])
     (tmp_path / "screenshot.png").write_bytes(shot)
     assert shot.startswith(PNG) and len(shot) > 10_000
+    # a page mixing a translation and a decoder-only model: the kinds follow the sentence
+    lm_page = tmp_path / "mixed.html"
+    lm_page.write_text(attention_page([examples[1], lm_example]), encoding="utf-8")
+    chromium.send("Page.navigate", url=lm_page.as_uri())
+    chromium.wait_for_n("Page.loadEventFired", 2)
+    assert chromium.js("document.getElementById('kind').options.length") == 3
+    chromium.js(choose("kind", "cross"))
+    chromium.js(choose("example", "1"))
+    assert chromium.js("[...document.getElementById('kind').options].map(o => o.value)") == [
+        "lm_self"
+    ]
+    assert json.loads(chromium.js(EDGES))
     assert chromium.errors() == []
     requests = [e["params"]["request"]["url"] for e in chromium.events
                 if e.get("method") == "Network.requestWillBeSent"]  # fmt: skip

@@ -249,10 +249,9 @@ def _add_attend(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_attend(args: argparse.Namespace) -> int:
-    from aiayn.checkpoint import atomic_write_bytes
-    from aiayn.model import Transformer
+    from aiayn.checkpoint import atomic_write_bytes, load_model_dir
     from aiayn.tokenizer import Tokenizer
-    from aiayn.viz import attention_figures, attention_for_translations
+    from aiayn.viz import attention_figures, attention_for_model
     from aiayn.viz_html import attention_page
 
     sentences = list(args.sentences)
@@ -260,15 +259,15 @@ def _run_attend(args: argparse.Namespace) -> int:
         sentences += [s for s in args.input.read_text(encoding="utf-8").splitlines() if s.strip()]
     if not sentences:
         raise AiaynError("give at least one sentence (or --input FILE)")
-    model, tok = Transformer.load(args.model), Tokenizer.load(args.model)
-    examples = attention_for_translations(model, tok, sentences, args.max_len)
+    model, tok = load_model_dir(args.model), Tokenizer.load(args.model)
+    examples = attention_for_model(model, tok, sentences, args.max_len)
     args.out.mkdir(parents=True, exist_ok=True)
     for i, ex in enumerate(examples):
         sub = args.out / (f"{i:03d}" if len(examples) > 1 else "")
         sub.mkdir(parents=True, exist_ok=True)
         for name, fig in attention_figures(ex).items():
             fig.savefig(sub / name, dpi=110)
-        print(f"{sentences[i]} -> {ex.translation}  ({sub}/*.png)")
+        print(f"{sentences[i]} -> {ex.translation or '(input only)'}  ({sub}/*.png)")
     atomic_write_bytes(args.out / "attention.html", attention_page(examples).encode("utf-8"))
     print(f"interactive view: {args.out / 'attention.html'}")
     return 0

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from aiayn.config import BOS_ID, PAD_ID
 from aiayn.errors import AiaynError
-from aiayn.model import AttentionMaps, Transformer
+from aiayn.model import AttentionMaps, DecoderLM, EncoderClassifier, Transformer, tracing
 from aiayn.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -30,20 +30,24 @@ KINDS = {
     "enc_self": "encoder self-attention",
     "dec_self": "decoder masked self-attention",
     "cross": "decoder cross-attention (encoder-decoder)",
+    "lm_self": "decoder-only causal self-attention",
 }
 AXES = {  # (rows, columns) of each kind's maps
     "enc_self": ("source token (query)", "source token (key)"),
     "dec_self": ("output token being produced (query)", "token fed to the decoder (key)"),
     "cross": ("output token being produced (query)", "source token (key)"),
+    "lm_self": ("input token (query)", "input token (key)"),
 }
 
 
 @dataclass
 class AttentionExample:
-    """One sentence pair's attention maps, padding removed.
+    """One sentence's attention maps, padding removed.
 
-    Decoder rows are labelled by the token each position *produced* (position t is fed token
-    t-1, BOS first, and predicts token t); decoder self-attention columns by the tokens *fed*.
+    For a `Transformer` (translation), decoder rows are labelled by the token each position
+    *produced* (position t is fed token t-1, BOS first, and predicts token t); decoder
+    self-attention columns by the tokens *fed*. Encoder-only and decoder-only models have one
+    kind of map (`enc_self` or `lm_self`) over their input, and no output.
     """
 
     src: list[str]  # source pieces (keys of enc_self and cross)
@@ -58,6 +62,7 @@ class AttentionExample:
             "enc_self": (self.src, self.src),
             "dec_self": (self.out, self.fed),
             "cross": (self.out, self.src),
+            "lm_self": (self.src, self.src),
         }[kind]
 
 
@@ -114,6 +119,46 @@ def attention_for_translations(
     return examples
 
 
+@torch.no_grad()
+def attention_for_inputs(
+    model: EncoderClassifier | DecoderLM, tok: Tokenizer, sentences: list[str]
+) -> list[AttentionExample]:
+    """Encoder-only and decoder-only models: the self-attention over each input (no output).
+
+    The weights are recorded by `tracing()` from the model's own forward pass.
+    """
+    kind = "enc_self" if isinstance(model, EncoderClassifier) else "lm_self"
+    ids = [tok.encode(s, bos=kind == "lm_self") for s in sentences]
+    ids_BS = torch.full((len(ids), max(map(len, ids))), PAD_ID)
+    for b, row in enumerate(ids):
+        ids_BS[b, : len(row)] = torch.tensor(row)
+    model.eval()
+    with tracing() as rec:
+        model(ids_BS)
+    maps = [w for name, w in rec.tensors.items() if name.endswith(".self_attn.weights")]
+    return [
+        AttentionExample(tok.pieces(row), [], [], {kind: [m[b, :, : len(row), : len(row)]
+                                                          for m in maps]})
+        for b, row in enumerate(ids)
+    ]  # fmt: skip
+
+
+def attention_for_model(
+    model: object, tok: Tokenizer, sentences: list[str], max_len: int | None = None
+) -> list[AttentionExample]:
+    """Any aiayn model: translations for a `Transformer`, the inputs' self-attention otherwise."""
+    if not sentences:
+        raise AiaynError("no sentences to show")
+    vocab = getattr(getattr(model, "cfg", None), "vocab_size", None)
+    if vocab != tok.vocab_size:
+        raise AiaynError(f"tokenizer has {tok.vocab_size} pieces, the model {vocab}")
+    if isinstance(model, Transformer):
+        return attention_for_translations(model, tok, sentences, max_len)
+    if isinstance(model, EncoderClassifier | DecoderLM):
+        return attention_for_inputs(model, tok, sentences)
+    raise AiaynError(f"no attention pictures for a {type(model).__name__}")
+
+
 # --- PNG heatmaps ---------------------------------------------------------------------------------
 
 
@@ -150,10 +195,10 @@ def plot_attention_grid(
 
 def plot_attention_average(ex: AttentionExample, title: str) -> Figure:
     """Each kind of attention averaged over all layers and heads, side by side."""
-    fig = Figure(figsize=(14, 5), layout="constrained")
+    fig = Figure(figsize=(4.7 * len(ex.maps), 5), layout="constrained")
     fig.suptitle(title)
-    axes = fig.subplots(1, 3)
-    for ax, kind in zip(axes, KINDS, strict=True):
+    axes = fig.subplots(1, len(ex.maps), squeeze=False)[0]
+    for ax, kind in zip(axes, ex.maps, strict=True):
         w_TS = torch.stack(ex.maps[kind]).mean((0, 1))
         rows, cols = ex.labels(kind)
         image = ax.imshow(w_TS.float().numpy(), cmap="viridis", vmin=0.0)
@@ -170,8 +215,8 @@ def attention_figures(ex: AttentionExample) -> dict[str, Figure]:
     """File name -> figure: enc_self.png, dec_self.png, cross.png (grids) and average.png."""
     src = " ".join(ex.src)
     figs = {}
-    for kind, name in KINDS.items():
-        rows, cols = ex.labels(kind)
+    for kind in ex.maps:
+        name, rows, cols = KINDS[kind], *ex.labels(kind)
         title = f"{name}\nsource: {src}"
         figs[f"{kind}.png"] = plot_attention_grid(ex.maps[kind], rows, cols, title, AXES[kind])
     title = f"source: {src}\noutput: {' '.join(ex.out)}"

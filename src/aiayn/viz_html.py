@@ -19,7 +19,7 @@ def page_data(examples: list[AttentionExample], titles: list[str] | None = None)
     data = []
     for i, ex in enumerate(examples):
         kinds = {}
-        for kind in KINDS:
+        for kind in ex.maps:
             rows, cols = ex.labels(kind)
             w = [[[[round(float(v), 4) for v in row] for row in head] for head in layer]
                  for layer in ex.maps[kind]]  # fmt: skip
@@ -70,7 +70,7 @@ const COLORS = ["#1f77b4","#ff7f0e","#2ca02c","#d62728","#9467bd","#8c564b","#e3
                 "#7b4173","#3182bd"];
 const SVG = "http://www.w3.org/2000/svg";
 const $ = (id) => document.getElementById(id);
-const state = {example: 0, kind: "enc_self", layer: 0, head: "all", hover: null};
+const state = {example: 0, kind: "", layer: 0, head: "all", hover: null};
 
 function el(name, attrs, parent, text) {
   const e = document.createElementNS(SVG, name);
@@ -169,12 +169,22 @@ function legend() {
   });
 }
 function draw() { drawLines(); drawHeat(); legend(); }
+function refresh() {  // the selects of the current example and kind, keeping valid choices
+  const kinds = Object.keys(DATA.examples[state.example].kinds);
+  if (!kinds.includes(state.kind)) state.kind = kinds[0];
+  fill($("kind"), kinds.map((k) => [k, DATA.kind_names[k]]));
+  $("kind").value = state.kind;
+  const w = DATA.examples[state.example].kinds[state.kind].w;
+  if (state.layer >= w.length) state.layer = 0;
+  fill($("layer"), w.map((_, l) => [l, "layer " + l]));
+  $("layer").value = state.layer;
+  if (state.head !== "all" && Number(state.head) >= w[0].length) state.head = "all";
+  fill($("head"), [["all", "all heads"], ...w[0].map((_, h) => [h, "head " + (h + 1)])]);
+  $("head").value = state.head;
+}
 function setup() {
   fill($("example"), DATA.examples.map((e, i) => [i, (i + 1) + ": " + e.title]));
-  fill($("kind"), Object.entries(DATA.kind_names));
-  const ex = DATA.examples[0].kinds.enc_self.w;
-  fill($("layer"), ex.map((_, l) => [l, "layer " + l]));
-  fill($("head"), [["all", "all heads"], ...ex[0].map((_, h) => [h, "head " + (h + 1)])]);
+  state.kind = Object.keys(DATA.examples[0].kinds)[0];
   for (const id of ["example", "kind", "layer", "head"]) {
     $(id).addEventListener("change", () => {
       const v = $(id).value;
@@ -185,8 +195,10 @@ function setup() {
   update();
 }
 function update() {
+  refresh();
   const e = DATA.examples[state.example];
-  $("output").textContent = "model output: " + e.out.join(" ");
+  $("output").textContent = e.out.length ? "model output: " + e.out.join(" ")
+                                         : "self-attention over the input (no output)";
   draw();
 }
 window.aiaynView = {state, draw: update};
