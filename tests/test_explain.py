@@ -79,6 +79,23 @@ def test_traced_output_equals_untraced_forward(loaded, trace):
         torch.testing.assert_close(trace[f"step{t}.logits"], logits_BTV[0, t], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("variant", [{"norm_first": True}, {"positional": "learned"}])
+def test_traced_equals_untraced_for_other_architectures(loaded, variant):
+    _, tok = loaded
+    torch.manual_seed(1)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_heads=2, n_layers=2, d_ff=64,
+                      **variant)  # fmt: skip
+    model = Transformer(cfg).eval()
+    tr = explain(model, tok, SENTENCE, max_len=4)
+    assert ("encoder.0.norm1" in tr.entries) != cfg.norm_first  # pre-LN normalises inside
+    tgt_in_BT = torch.tensor([[2, *tr.tgt_ids[:-1]]])
+    with torch.no_grad():
+        logits_BTV = model(torch.tensor([tr.src_ids]), tgt_in_BT)
+    for t in range(len(tr.steps)):
+        torch.testing.assert_close(tr[f"step{t}.logits"], logits_BTV[0, t], rtol=1e-5, atol=1e-5)
+    assert "encoder.1.residual2" in to_text(tr)
+
+
 def test_greedy_trace_makes_the_same_choices_as_decode(loaded, trace):
     model, _ = loaded
     ref = greedy_decode(model, torch.tensor([trace.src_ids]), max_len=6)[0]
@@ -397,6 +414,9 @@ def test_cli_explain_beam_and_seed_example(model_dir, capsys):
     assert explain_cli(model_dir, *flags) == 0
     text = capsys.readouterr().out
     assert "== beam search: beam 2" in text and "stopped:" in text
+    assert explain_cli(model_dir, "--beam", "2", "--max-len", "2", "--format", "json") == 0
+    beam = json.loads(capsys.readouterr().out)["beam"]
+    assert beam["beam_size"] == 2 and len(beam["steps"]) == 2 and len(beam["finished"]) == 2
     assert main(["explain", "--seed-example"]) == 0
     assert "7.54348784" in capsys.readouterr().out
 
