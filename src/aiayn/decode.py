@@ -282,59 +282,40 @@ def _beam_search(model: Decodable, src_BS: Tensor, cfg: DecodeConfig) -> list[li
     memory = model.encode(src_BS)
     max_len_b = _limits(model, memory, cfg)
     T = int(max_len_b.max())
-    # Cross-attention K/V are projected once per sentence, then copied to its N beams.
-    beam_rows = torch.arange(B, device=device).repeat_interleave(N)
-    cache = model.init_cache(memory, T).index_select(beam_rows, cross=True)
-    memory = memory.index_select(beam_rows)
-    tokens_rT = src_BS.new_full((B * N, T + 1), PAD_ID)
+    # The first step feeds only BOS, the same for every beam: it runs on one row per sentence,
+    # and its N best tokens then fan out into N beams (cross-attention K/V copied, not redone).
+    cache = model.init_cache(memory, T)
+    tokens_rT = src_BS.new_full((B, T + 1), PAD_ID)
     tokens_rT[:, 0] = BOS_ID
-    # Only beam 0 is live at the start, so the first step does not pick N copies of one token.
-    scores_bN = torch.full((B, N), float("-inf"), device=device)
-    scores_bN[:, 0] = 0.0
+    scores_bn = torch.zeros(B, 1, device=device)  # n = live beams per sentence: 1, then N
     sents = list(range(B))  # original index of each live sentence
     ended: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(T):
-        b = len(sents)
+        b, n = scores_bn.shape
         logits_rV, cache = model.decode_step(tokens_rT[:, t : t + 1], memory, cache)
         lp_rV = logits_rV.float().log_softmax(-1)
         _forbid(lp_rV, t < cfg.min_len)
         V = lp_rV.size(-1)
-        cand_bNV = scores_bN[:, :, None] + lp_rV.view(b, N, V)
-        top_b2N, idx_b2N = cand_bNV.view(b, N * V).topk(min(2 * N, N * V), dim=-1)
-        beam_b2N, tok_b2N = idx_b2N // V, idx_b2N % V
-        last_b = (t + 1 >= max_len_b).tolist()
-        is_eos_b2N = tok_b2N == EOS_ID
-        # Set aside ended hypotheses: EOS among the N best, or anything among the N best at the
-        # length limit. Few per step, so a Python loop over them is cheap.
-        ends_b2N = is_eos_b2N.clone()
-        ends_b2N[:, N:] = False
-        ends_b2N[torch.tensor(last_b, device=device), :N] = True
-        ends_b2N &= top_b2N > float("-inf")
-        done = [False] * b
-        for i, j in ends_b2N.nonzero().tolist():
-            s = sents[i]
-            if len(ended[s]) >= N:
-                continue
-            eos = bool(is_eos_b2N[i, j])
-            row = i * N + int(beam_b2N[i, j])
-            toks = tokens_rT[row, 1 : t + 1].tolist() + ([] if eos else [int(tok_b2N[i, j])])
-            lp = float(top_b2N[i, j])
-            ended[s].append(Hypothesis(toks, lp, lp / length_penalty(t + 1, cfg.alpha), eos))
-        for i in range(b):
-            done[i] = last_b[i] or len(ended[sents[i]]) >= N
+        cand_bnV = scores_bn[:, :, None] + lp_rV.view(b, n, V)
+        top_bK, idx_bK = cand_bnV.view(b, n * V).topk(min(2 * N, n * V), dim=-1)  # K = 2N
+        beam_bK, tok_bK = idx_bK // V, idx_bK % V
+        is_eos_bK = tok_bK == EOS_ID
+        last = (t + 1 >= max_len_b).tolist()
+        done = _set_aside(ended, sents, t, n, cfg, last, tokens_rT, top_bK, beam_bK, tok_bK)
         # The N best non-EOS candidates stay alive (a stable sort keeps their score order).
-        alive_bN = is_eos_b2N.sort(dim=1, stable=True).indices[:, :N]
-        scores_bN = top_b2N.gather(1, alive_bN)
-        parent_bN = beam_b2N.gather(1, alive_bN) + torch.arange(b, device=device)[:, None] * N
-        parent_r, next_r = parent_bN.view(-1), tok_b2N.gather(1, alive_bN).view(-1)
-        if any(done):
+        alive_bN = is_eos_bK.sort(dim=1, stable=True).indices[:, :N]
+        scores_bn = top_bK.gather(1, alive_bN)
+        parent_bN = beam_bK.gather(1, alive_bN) + torch.arange(b, device=device)[:, None] * n
+        parent_r, next_r = parent_bN.view(-1), tok_bK.gather(1, alive_bN).view(-1)
+        if any(done):  # done sentences leave the batch
             keep_b = torch.tensor([i for i in range(b) if not done[i]], device=device)
             if len(keep_b) == 0:
                 break
             sents = [s for s, d in zip(sents, done, strict=True) if not d]
             keep_r = (keep_b[:, None] * N + torch.arange(N, device=device)).view(-1)
             parent_r, next_r = parent_r[keep_r], next_r[keep_r]
-            scores_bN, max_len_b = scores_bN[keep_b], max_len_b[keep_b]
+            scores_bn, max_len_b = scores_bn[keep_b], max_len_b[keep_b]
+        if any(done) or n != N:
             memory = memory.index_select(parent_r)
             cache = cache.index_select(parent_r, cross=True)
         else:  # beams only move within their sentence: cross-attention K/V stay as they are
@@ -342,6 +323,41 @@ def _beam_search(model: Decodable, src_BS: Tensor, cfg: DecodeConfig) -> list[li
         tokens_rT = tokens_rT.index_select(0, parent_r)
         tokens_rT[:, t + 1] = next_r
     return [sorted(h, key=lambda h: -h.score)[: cfg.nbest] for h in ended]
+
+
+def _set_aside(
+    ended: list[list[Hypothesis]],
+    sents: list[int],
+    t: int,
+    n: int,
+    cfg: DecodeConfig,
+    last: list[bool],
+    tokens_rT: Tensor,
+    top_bK: Tensor,
+    beam_bK: Tensor,
+    tok_bK: Tensor,
+) -> list[bool]:
+    """Move the hypotheses that end at step t into `ended`; return which sentences are done.
+
+    A candidate ends if it is EOS and among its sentence's N best, or if it is among the N best
+    when the sentence reaches its length limit. Few per step, so a Python loop is cheap.
+    """
+    N, alpha = cfg.beam_size, cfg.alpha
+    is_eos_bK = tok_bK == EOS_ID
+    ends_bK = is_eos_bK.clone()
+    ends_bK[:, N:] = False
+    ends_bK[torch.tensor(last, device=ends_bK.device), :N] = True
+    ends_bK &= top_bK > float("-inf")
+    for i, j in ends_bK.nonzero().tolist():
+        s = sents[i]
+        if len(ended[s]) >= N:
+            continue
+        eos = bool(is_eos_bK[i, j])
+        row = i * n + int(beam_bK[i, j])
+        toks = tokens_rT[row, 1 : t + 1].tolist() + ([] if eos else [int(tok_bK[i, j])])
+        lp = float(top_bK[i, j])
+        ended[s].append(Hypothesis(toks, lp, lp / length_penalty(t + 1, alpha), eos))
+    return [last[i] or len(ended[s]) >= N for i, s in enumerate(sents)]
 
 
 def search(model: Decodable, src_BS: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
