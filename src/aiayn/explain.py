@@ -24,6 +24,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -33,6 +34,9 @@ from aiayn.decode import max_output_lengths
 from aiayn.errors import AiaynError
 from aiayn.model import Transformer, tracing
 from aiayn.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # explain_beam imports this module
+    from aiayn.explain_beam import BeamTrace
 
 # One line per leaf name: what the tensor is, in the paper's terms.
 DESCRIPTIONS: dict[str, str] = {
@@ -114,7 +118,7 @@ class Trace:
     config: dict[str, object]
     entries: dict[str, Entry] = field(default_factory=dict)
     steps: list[StepChoice] = field(default_factory=list)
-    beam: object | None = None  # a BeamTrace when asked for (aiayn.explain_beam)
+    beam: BeamTrace | None = None  # when asked for (aiayn.explain_beam.trace_beam)
 
     def __getitem__(self, name: str) -> Tensor:
         try:
