@@ -1,3 +1,7 @@
-from aiayn.cli import main
+"""`python -m aiayn` = the `aiayn` command."""
+
 import sys
+
+from aiayn.cli import main
+
 sys.exit(main())

@@ -474,6 +474,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+        self.trace_name = "stack"
 
     def forward(
         self,
@@ -488,8 +489,9 @@ class Encoder(nn.Module):
             x_BSD, w = layer(x_BSD, keep_B11S, causal=causal, return_attention=return_attention)
             if w is not None:
                 maps.append(w)
-        if self.norm is not None:
+        if self.norm is not None:  # pre-LN: the final LayerNorm
             x_BSD = self.norm(x_BSD)
+            _tap(f"{self.trace_name}.norm", x_BSD)
         return x_BSD, maps
 
 
@@ -500,6 +502,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+        self.trace_name = "stack"
 
     def forward(
         self,
@@ -515,15 +518,17 @@ class Decoder(nn.Module):
             if sw is not None and cw is not None:
                 self_maps.append(sw)
                 cross_maps.append(cw)
-        if self.norm is not None:
+        if self.norm is not None:  # pre-LN: the final LayerNorm
             y_BTD = self.norm(y_BTD)
+            _tap(f"{self.trace_name}.norm", y_BTD)
         return y_BTD, self_maps, cross_maps
 
     def step(self, y_BTD: Tensor, cache: KVCache, mem_keep_B11S: Tensor | None) -> Tensor:
         for i, layer in enumerate(self.layers):
             y_BTD = layer.step(y_BTD, cache, i, mem_keep_B11S)
-        if self.norm is not None:
+        if self.norm is not None:  # pre-LN: the final LayerNorm
             y_BTD = self.norm(y_BTD)
+            _tap(f"{self.trace_name}.norm", y_BTD)
         return y_BTD
 
 

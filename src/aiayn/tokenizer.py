@@ -8,6 +8,7 @@ spaces. The special ids are `aiayn.config.PAD_ID/UNK_ID/BOS_ID/EOS_ID`, baked in
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -80,10 +81,18 @@ class Tokenizer:
             except RuntimeError as e:
                 # "Vocabulary size too high (N). Please set it to a value <= M."
                 msg = str(e)
-                if "<=" in msg:
-                    size = int(msg.rsplit("<=", 1)[1].strip(" .\n"))
+                too_high = re.search(r"Vocabulary size too high.*<= (\d+)", msg)
+                if too_high:
+                    size = int(too_high.group(1))
                     continue
-                raise DataError(f"SentencePiece training failed: {msg}") from None
+                too_low = re.search(r"smaller than required_chars\. \d+ vs (\d+)", msg)
+                if too_low:
+                    raise DataError(
+                        f"vocab_size={vocab_size} is too small: this text needs at least "
+                        f"{too_low.group(1)} pieces (256 byte-fallback pieces, the special "
+                        f"tokens and every distinct character)"
+                    ) from None
+                raise DataError(f"SentencePiece training failed: {msg.strip()}") from None
             return cls(buf.getvalue())
         raise DataError(f"SentencePiece could not train a vocabulary of size {vocab_size}")
 
