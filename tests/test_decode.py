@@ -218,7 +218,10 @@ def test_beam_one_equals_greedy(model: Transformer) -> None:
 @given(lengths=st.lists(st.integers(1, 12), min_size=2, max_size=5), seed=st.integers(0, 999))
 def test_batch_invariance(model: Transformer, lengths: list[int], seed: int) -> None:
     src = random_batch(lengths, seed)
-    for cfg in (DecodeConfig(beam_size=1, max_len_b=8), DecodeConfig(beam_size=3, nbest=2)):
+    for cfg in (
+        DecodeConfig(beam_size=1, max_len_b=8),
+        DecodeConfig(beam_size=3, nbest=2, max_len_b=10),
+    ):
         batched = search(model, src, cfg)
         for i, n in enumerate(lengths):
             alone = search(model, src[i : i + 1, :n], cfg)[0]

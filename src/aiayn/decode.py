@@ -158,15 +158,18 @@ def _search_single(
     Finished rows leave the batch at once (their memory and cache rows are dropped), so late
     steps only pay for sentences still being written.
     """
+    R, device = src_BS.size(0), src_BS.device
+    if R == 0:
+        return []
     memory = model.encode(src_BS)
     max_len_R = _limits(model, memory, cfg)
-    R, T = src_BS.size(0), int(max_len_R.max())
+    T = int(max_len_R.max())
     cache = model.init_cache(memory, T) if use_cache else None
     out_RT = src_BS.new_full((R, T), PAD_ID)
-    log_prob_R = torch.zeros(R, dtype=torch.float64)
-    length_R = torch.zeros(R, dtype=torch.long)
-    eos_R = torch.zeros(R, dtype=torch.bool)
-    rows_r = torch.arange(R, device=src_BS.device)  # original row of each live row
+    log_prob_R = torch.zeros(R, dtype=torch.float64, device=device)
+    length_R = torch.zeros(R, dtype=torch.long, device=device)
+    eos_R = torch.zeros(R, dtype=torch.bool, device=device)
+    rows_r = torch.arange(R, device=device)  # original row of each live row
     tok_r1 = src_BS.new_full((R, 1), BOS_ID)
     for t in range(T):
         if cache is not None:
@@ -180,7 +183,7 @@ def _search_single(
         _forbid(lp_rV, t < cfg.min_len)
         next_r = pick(lp_rV)
         lp_r = lp_rV.gather(1, next_r[:, None])[:, 0]
-        log_prob_R[rows_r] += lp_r.double().cpu()
+        log_prob_R[rows_r] += lp_r.double()
         is_eos_r = next_r == EOS_ID
         out_RT[rows_r, t] = next_r
         done_r = is_eos_r | (t + 1 >= max_len_R[rows_r])
@@ -196,11 +199,11 @@ def _search_single(
             if cache is not None:
                 cache = cache.index_select(keep_r, cross=True)
         tok_r1 = next_r[:, None]
-    out = out_RT.tolist()
     hyps = []
-    for r in range(R):
-        n, eos, lp = int(length_R[r]), bool(eos_R[r]), float(log_prob_R[r])
-        hyps.append(Hypothesis(out[r][:n], lp, lp / length_penalty(n + eos, cfg.alpha), eos))
+    for row, n, eos, lp in zip(
+        out_RT.tolist(), length_R.tolist(), eos_R.tolist(), log_prob_R.tolist(), strict=True
+    ):
+        hyps.append(Hypothesis(row[:n], lp, lp / length_penalty(n + eos, cfg.alpha), eos))
     return hyps
 
 
@@ -279,6 +282,8 @@ def beam_search(model: Decodable, src_BS: Tensor, cfg: DecodeConfig) -> list[lis
 
 def _beam_search(model: Decodable, src_BS: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
     B, N, device = src_BS.size(0), cfg.beam_size, src_BS.device
+    if B == 0:
+        return []
     memory = model.encode(src_BS)
     max_len_b = _limits(model, memory, cfg)
     T = int(max_len_b.max())
