@@ -234,3 +234,15 @@ def test_torchrun_two_ranks_match_one_process_with_the_same_global_batch(corpus,
     b = load_tensors(list_checkpoints(tmp_path / "single")[-1] / "model.safetensors")
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0.0, atol=1e-5)
+
+
+def test_bf16_autocast_and_validation_at_each_epoch_end(corpus, tok, tmp_path):
+    out = tmp_path / "run"
+    result = train(tiny(corpus, out, **{"train.dtype": "bf16", "train.max_steps": 1000,
+                                        "train.max_epochs": 2, "train.valid_every": 0}),
+                   tokenizer=tok, progress=False)
+    assert result.stopped == "max_epochs" and result.step == 20  # 10 batches per epoch
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in records if "valid_loss" in r]
+    assert [r["step"] for r in valid] == [10, 20] and all(math.isfinite(r["valid_loss"])
+                                                          for r in valid)

@@ -612,6 +612,9 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
             bar.update(1)
             if tc.log_every > 0 and state.step % tc.log_every == 0:
                 rec = run.log_train(lr)
+                if bar.disable and d.main:  # no bar (no tty, --no-progress): say it in the log
+                    log.info("step %d epoch %d: loss %.3f ppl %.1f lr %.2e %.0f tok/s", state.step,
+                             state.epoch + 1, rec["loss"], rec["ppl"], lr, rec["tokens_per_s"])
                 bar.set_postfix(loss=f"{rec['loss']:.3f}", ppl=f"{rec['ppl']:.1f}", lr=f"{lr:.2e}",
                                 tok_s=f"{rec['tokens_per_s']:.0f}", ep=state.epoch + 1)
             t_aside = time.monotonic()  # validation and saving do not count in tokens/s
