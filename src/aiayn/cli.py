@@ -149,7 +149,10 @@ def _run_translate(args: argparse.Namespace) -> int:
     buffer_size = args.buffer_size or (1 if interactive else 1024)
     kw = dict(batch_tokens=args.batch_tokens, buffer_size=buffer_size)
     if args.output is None:
-        translate_to(translator, cfg, sys.stdout, args.input, **kw)
+        try:
+            translate_to(translator, cfg, sys.stdout, args.input, **kw)
+        except BrokenPipeError:  # the reader left early (`| head`): stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     args.output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=args.output.parent, prefix=f".{args.output.name}.")
