@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aiayn.config import ModelConfig
 
@@ -128,6 +129,13 @@ def fused_attention(
     `causal=True` applies the top-left-aligned causal mask (query i sees keys 0..i) and
     may not be combined with `keep_mask`.
     """
+    if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
+        # On CPU, SDPA's flash kernel is 2-3x slower than its math backend in bf16 (forward +
+        # backward, torch 2.13, bench/train_speed.py), while in fp32 it is 2x faster.
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=keep_mask, dropout_p=dropout_p, is_causal=causal
+            )
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=keep_mask, dropout_p=dropout_p, is_causal=causal
     )
