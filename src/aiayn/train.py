@@ -480,7 +480,8 @@ class _Run:
 
     def metric(self, record: dict[str, Any]) -> None:
         if self.d.main:
-            record = {"step": self.state.step, "epoch": self.state.epoch, **record,
+            record = {"step": self.state.step, "epoch": self.state.epoch,
+                      "tokens": self.state.tokens, **record,
                       "elapsed_s": round(self.elapsed(), 3)}
             with (self.out / METRICS_FILE).open("a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
