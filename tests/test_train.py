@@ -120,7 +120,8 @@ def tiny(corpus: dict[str, str], out: Path, **over: object):
 def test_copy_task_learns_and_writes_a_model_directory(corpus, tmp_path):
     out = tmp_path / "run"
     result = train(tiny(corpus, out, **{"train.max_steps": 240, "train.valid_every": 80,
-                                        "train.bleu_samples": 20}), progress=False)
+                                        "train.bleu_samples": 20, "train.best_metric": "bleu"}),
+                   progress=False)
     assert result.stopped == "max_steps" and result.step == 240
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train_recs = [r for r in records if "loss" in r]
@@ -129,6 +130,8 @@ def test_copy_task_learns_and_writes_a_model_directory(corpus, tmp_path):
     assert len(valid_recs) == 3 and "valid_bleu" in valid_recs[-1]
     assert valid_recs[-1]["valid_ppl"] < 0.5 * valid_recs[0]["valid_ppl"]
     assert valid_recs[-1]["valid_ppl"] < 3.0  # log(12) letters would be ppl ~ 12 untrained
+    assert valid_recs[-1]["valid_bleu"] > 50  # sacreBLEU of greedy copies
+    assert result.best == max(r["valid_bleu"] for r in valid_recs)  # best_metric = "bleu"
     model = Transformer.load(out)  # the run directory is a model directory
     assert Tokenizer.load(out).vocab_size == model.cfg.vocab_size
     run_cfg = json.loads((out / "run_config.json").read_text())
