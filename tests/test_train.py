@@ -249,3 +249,19 @@ def test_bf16_autocast_and_validation_at_each_epoch_end(corpus, tok, tmp_path):
     valid = [r for r in records if "valid_loss" in r]
     assert [r["step"] for r in valid] == [10, 20] and all(math.isfinite(r["valid_loss"])
                                                           for r in valid)
+
+
+def test_cli_train_runs_and_bad_input_is_one_line(corpus, tmp_path, capsys):
+    from aiayn.cli import main
+
+    base = ["train", "--config", str(CONFIGS / "tiny_copy.toml"), "--no-progress"]
+    sets = [a for k, v in corpus.items() for a in ("--set", f"{k}={v}")]
+    out = tmp_path / "run"
+    assert main([*base, *sets, "--set", f"train.out_dir={out}", "--set", "train.max_steps=3"]) == 0
+    assert "stopped (max_steps) at step 3" in capsys.readouterr().out
+    bad = [*base, "--set", f"train.src={tmp_path / 'missing.de'}", "--set",
+           f"train.tgt={tmp_path / 'missing.en'}", "--set", f"train.out_dir={tmp_path / 'x'}"]
+    assert main(bad) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "corpus file not found" in err
+    assert not (tmp_path / "x").exists()  # nothing created for a run that could not start
