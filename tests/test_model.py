@@ -470,3 +470,40 @@ def test_bad_inputs_are_clear_value_errors(tiny_cfg):
         model(torch.randint(4, 50, (1, 65)), ok[:1])
     with pytest.raises(ValueError, match="source batch 2 != target batch 1"):
         model(ok, ok[:1])
+
+
+@torch.inference_mode()
+def test_beam_style_reorders_in_inference_mode_match_full_forward(tiny_cfg):
+    """Reorders with an unchanged row count go through the spare buffers; twice in a row swaps
+    them back, so both directions are exercised."""
+    torch.manual_seed(16)
+    model = Transformer(tiny_cfg).eval()
+    src, tgt = random_batch(tiny_cfg)
+    tgt[1] = 5
+    memory = model.encode(src)
+    cache = model.init_cache(memory, capacity=8)
+    order = torch.arange(3)
+    for t, idx in enumerate([torch.tensor([2, 0, 1]), torch.tensor([1, 1, 0]), None]):
+        logits, cache = model.decode_step(tgt[order, t : t + 1], memory.index_select(order), cache)
+        torch.testing.assert_close(logits, model(src[order], tgt[order, : t + 1])[:, t], **TOL)
+        if idx is not None:
+            cache = cache.index_select(idx, cross=True)
+            order = order[idx]
+
+
+def test_linear_fast_path_matches_and_sees_weight_updates():
+    from aiayn.model import Linear
+
+    torch.manual_seed(17)
+    lin = Linear(16, 24)
+    x = torch.randn(5, 16)
+    expected = torch.nn.functional.linear(x, lin.weight, lin.bias)
+    with torch.no_grad():
+        torch.testing.assert_close(lin(x), expected, **TOL)
+        torch.testing.assert_close(lin(x, rows=(8, 24)), expected[:, 8:], **TOL)
+        torch.testing.assert_close(lin(x, relu=True), expected.relu(), **TOL)
+        lin.weight.add_(1.0)  # an optimizer step: the packed copy must be rebuilt
+        torch.testing.assert_close(
+            lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias), **TOL
+        )
+    assert lin(x).requires_grad  # with autograd on, the ordinary differentiable path

@@ -69,6 +69,59 @@ def _tracing() -> bool:
     return _TRACE.get() is not None
 
 
+# --- linear layers with an inference fast path -------------------------------------------------
+# Decoding multiplies small batches (one row per sentence or beam) by fixed weights. oneDNN can
+# prepack a weight once into its blocked layout; for those shapes that is 2-2.5x faster than
+# the plain GEMM, with the same fp32 arithmetic (results agree to ~1e-6 relative). Training
+# and anything that needs gradients take the ordinary path.
+_ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(
+    torch.ops.mkldnn, "_linear_pointwise"
+)
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` (same parameters, same state dict) with two extras for inference:
+
+    - `rows=(start, end)` uses only those output rows, e.g. W^Q out of [W^Q; W^K; W^V];
+    - when no gradient is being recorded on a CPU fp32 tensor, the product runs on a oneDNN
+      prepacked copy of the weight, rebuilt whenever the weight changes (its version counter
+      or storage moves), so optimizer steps and `load_state_dict` are always seen.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__(in_features, out_features, bias)
+        self._packed: dict[tuple[int, int], tuple[tuple[int, int], Tensor]] = {}
+
+    def forward(
+        self, x: Tensor, rows: tuple[int, int] | None = None, *, relu: bool = False
+    ) -> Tensor:
+        start, end = rows if rows is not None else (0, self.out_features)
+        weight = self.weight if rows is None else self.weight[start:end]
+        bias = None if self.bias is None else self.bias[start:end]
+        if (
+            _ONEDNN_LINEAR
+            and not torch.is_grad_enabled()
+            and x.device.type == "cpu"
+            and x.dtype == torch.float32 == weight.dtype
+            and not weight.is_inference()  # no version counter: changes could not be seen
+        ):
+            packed = self._packed_weight(start, end, weight)
+            return torch.ops.mkldnn._linear_pointwise(
+                x, packed, bias, "relu" if relu else "none", [], ""
+            )
+        out = F.linear(x, weight, bias)
+        return F.relu(out) if relu else out
+
+    def _packed_weight(self, start: int, end: int, weight: Tensor) -> Tensor:
+        stamp = (self.weight._version, self.weight.data_ptr())
+        cached = self._packed.get((start, end))
+        if cached is None or cached[0] != stamp:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 32)
+            cached = (stamp, packed)
+            self._packed[(start, end)] = cached
+        return cached[1]
+
+
 # --- attention (§3.2) --------------------------------------------------------------------------
 
 
@@ -177,8 +230,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
         self.dropout = dropout  # on attention weights (not in the paper; see ModelConfig)
-        self.in_proj = nn.Linear(d_model, 3 * d_model)  # [W^Q; W^K; W^V]
-        self.out_proj = nn.Linear(d_model, d_model)  # W^O
+        self.in_proj = Linear(d_model, 3 * d_model)  # [W^Q; W^K; W^V]
+        self.out_proj = Linear(d_model, d_model)  # W^O
         self.trace_name = "attn"
 
     def split_heads(self, x_BTD: Tensor) -> Tensor:
@@ -187,11 +240,11 @@ class MultiHeadAttention(nn.Module):
 
     def project_q(self, x_BTD: Tensor) -> Tensor:
         D = self.d_model
-        return self.split_heads(F.linear(x_BTD, self.in_proj.weight[:D], self.in_proj.bias[:D]))
+        return self.split_heads(self.in_proj(x_BTD, rows=(0, D)))
 
     def project_kv(self, mem_BSD: Tensor) -> tuple[Tensor, Tensor]:
         D = self.d_model
-        kv_BS2D = F.linear(mem_BSD, self.in_proj.weight[D:], self.in_proj.bias[D:])
+        kv_BS2D = self.in_proj(mem_BSD, rows=(D, 3 * D))
         k_BSD, v_BSD = kv_BS2D.split(D, dim=-1)
         return self.split_heads(k_BSD), self.split_heads(v_BSD)
 
@@ -253,6 +306,11 @@ class MultiHeadAttention(nn.Module):
             if dropout_p:  # same as SDPA: dropout on the weights, i.e. on their product with V
                 weights_drop = F.dropout(weights_BHTS, dropout_p, training=True)
                 heads_BHTK = weights_drop @ v_BHSK
+        elif T == 1 and not dropout_p:
+            # One query per row, as in every decoding step: three small products beat the
+            # fused kernel's setup (~30% on CPU). Causality needs no mask: the query is the
+            # newest position, which sees every key.
+            heads_BHTK, _ = attention(q_BHTK, k_BHSK, v_BHSK, keep_mask)
         elif causal and keep_mask is None and k_BHSK.size(2) == T:
             heads_BHTK = fused_attention(q_BHTK, k_BHSK, v_BHSK, causal=True, dropout_p=dropout_p)
         else:
@@ -276,12 +334,12 @@ class PositionwiseFFN(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int) -> None:
         super().__init__()
-        self.w_1 = nn.Linear(d_model, d_ff)
-        self.w_2 = nn.Linear(d_ff, d_model)
+        self.w_1 = Linear(d_model, d_ff)
+        self.w_2 = Linear(d_ff, d_model)
         self.trace_name = "ffn"
 
     def forward(self, x_BTD: Tensor) -> Tensor:
-        hidden_BTF = F.relu(self.w_1(x_BTD))
+        hidden_BTF = self.w_1(x_BTD, relu=True)
         out_BTD = self.w_2(hidden_BTF)
         if _tracing():
             _tap(f"{self.trace_name}.hidden", hidden_BTF)
@@ -581,6 +639,8 @@ class KVCache:
     cross_k: list[Tensor]  # (B, H, S, K) per layer
     cross_v: list[Tensor]
     length: int = 0
+    spare_k: list[Tensor] | None = None  # same shapes as self_k: the target of a reorder
+    spare_v: list[Tensor] | None = None
 
     def append_self(self, layer: int, k_BHTK: Tensor, v_BHTK: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new positions' K/V; return views of everything so far (B, H, length+T, K)."""
@@ -594,24 +654,36 @@ class KVCache:
     def index_select(self, idx_B: Tensor, *, cross: bool = True) -> KVCache:
         """Reorder (or select) batch rows, e.g. the surviving beams (fairseq's reorder).
 
-        Only the filled part of each self-attention buffer is copied. Pass `cross=False` when
-        rows are only permuted among beams of the same sentence: their cross-attention K/V are
-        identical, so copying them would be wasted work.
+        The cache it is called on must not be used afterwards: when the row count is unchanged
+        (a beam reorder) the rows are gathered into a spare buffer that the two caches then
+        swap, so a beam step allocates nothing (fresh large buffers each step cost page faults).
+        Pass `cross=False` when rows are only permuted among beams of the same sentence: their
+        cross-attention K/V are identical, so copying them would be wasted work.
         """
-        n = self.length
-
-        def select_filled(buf_BHCK: Tensor) -> Tensor:
-            new_BHCK = buf_BHCK.new_empty((len(idx_B), *buf_BHCK.shape[1:]))
-            new_BHCK[:, :, :n] = buf_BHCK[:, :, :n].index_select(0, idx_B)
-            return new_BHCK
-
-        keep_cross = not cross and len(idx_B) == self.cross_k[0].size(0)
+        same_rows = len(idx_B) == self.self_k[0].size(0)
+        if same_rows and not self.self_k[0].requires_grad:  # out= cannot record gradients
+            if self.spare_k is None or self.spare_v is None:
+                self.spare_k = [torch.empty_like(b) for b in self.self_k]
+                self.spare_v = [torch.empty_like(b) for b in self.self_v]
+            for src, dst in zip(
+                self.self_k + self.self_v, self.spare_k + self.spare_v, strict=True
+            ):
+                torch.index_select(src, 0, idx_B, out=dst)
+            self_k, self_v = self.spare_k, self.spare_v
+            spare_k, spare_v = self.self_k, self.self_v
+        else:  # rows dropped (finished sentences), or autograd on: new buffers
+            self_k = [b.index_select(0, idx_B) for b in self.self_k]
+            self_v = [b.index_select(0, idx_B) for b in self.self_v]
+            spare_k = spare_v = None
+        keep_cross = not cross and same_rows
         return KVCache(
-            [select_filled(b) for b in self.self_k],
-            [select_filled(b) for b in self.self_v],
+            self_k,
+            self_v,
             self.cross_k if keep_cross else [b.index_select(0, idx_B) for b in self.cross_k],
             self.cross_v if keep_cross else [b.index_select(0, idx_B) for b in self.cross_v],
-            n,
+            self.length,
+            spare_k,
+            spare_v,
         )
 
 
@@ -710,7 +782,7 @@ class Transformer(_ModelBase):
         self.tgt_embed = Embeddings(cfg, tgt_tokens)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
-        self.generator = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # pre-softmax
+        self.generator = Linear(cfg.d_model, cfg.vocab_size, bias=False)  # pre-softmax
         self._init_weights()
         if cfg.tie_output:  # §3.4: the same matrix embeds target tokens and scores them
             self.generator.weight = tgt_tokens.weight
@@ -772,8 +844,8 @@ class Transformer(_ModelBase):
             self_k.append(like.new_empty(B, H, capacity, K))
             self_v.append(like.new_empty(B, H, capacity, K))
             k_BHSK, v_BHSK = layer.cross_attn.project_kv(memory.out_BSD)
-            cross_k.append(k_BHSK)
-            cross_v.append(v_BHSK)
+            cross_k.append(k_BHSK.contiguous())  # read at every step: pay the layout once
+            cross_v.append(v_BHSK.contiguous())
         return KVCache(self_k, self_v, cross_k, cross_v, 0)
 
     def decode_step(
@@ -829,7 +901,7 @@ class DecoderLM(_ModelBase):
         tokens = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         self.embed = Embeddings(cfg, tokens)
         self.decoder = Encoder(cfg)  # EncoderLayer + causal=True is exactly a GPT block
-        self.generator = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.generator = Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self._init_weights()
         if cfg.tie_output:
             self.generator.weight = tokens.weight
