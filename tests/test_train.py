@@ -265,3 +265,35 @@ def test_cli_train_runs_and_bad_input_is_one_line(corpus, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "corpus file not found" in err
     assert not (tmp_path / "x").exists()  # nothing created for a run that could not start
+
+
+def test_kill_9_during_frequent_saves_leaves_a_resumable_run(corpus, tmp_path):
+    """SIGKILL (no handler can run) while a checkpoint is saved every step: every listed
+    checkpoint is complete and loadable, and the run resumes from the newest."""
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    sets = {**corpus, "train.out_dir": out, "train.max_steps": 100000, "train.save_every": 1,
+            "train.keep_last": 2}
+    cmd = [sys.executable, "-m", "aiayn", "train", "--config", str(CONFIGS / "tiny_copy.toml"),
+           "--no-progress", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list_checkpoints(out)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.5)
+    finally:
+        proc.kill()
+        proc.wait()
+    found = list_checkpoints(out)
+    assert found, "no checkpoint was written before the kill"
+    for ckpt in found:
+        Transformer.load(ckpt)
+        load_tensors(ckpt / "optimizer.safetensors")
+    step = int(found[-1].name[5:])
+    more = train(tiny(corpus, out, **{"train.max_steps": step + 2, "train.keep_last": 2}),
+                 progress=False)
+    assert more.step == step + 2

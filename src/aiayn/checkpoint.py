@@ -244,7 +244,8 @@ def save_checkpoint(
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{int(state['step']):08d}"
     tmp = root / f".tmp_{name}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    for stale in [*root.glob(".tmp_step_*"), *root.glob(".trash_step_*")]:  # left by a kill
+        shutil.rmtree(stale, ignore_errors=True)
     save_model_dir(model, tmp)
     opt_tensors, opt_meta = optimizer_tensors(optimizer)
     save_tensors(tmp / OPTIM_FILE, {**opt_tensors, **{f"rng.{k}": v for k, v in rng.items()}})
@@ -253,10 +254,22 @@ def save_checkpoint(
     )
     final = root / name
     if final.exists():  # the same step saved twice (e.g. interrupted right after a save)
-        shutil.rmtree(final)
+        _remove_dir(final)
     os.replace(tmp, final)
     _fsync_dir(root)
     return final
+
+
+def _remove_dir(path: Path) -> None:
+    """Delete a checkpoint so that a kill half way never leaves a listed, partial one: rename
+    it to a hidden name first (atomic), then delete the files."""
+    import shutil
+
+    trash = path.with_name(f".trash_{path.name}")
+    shutil.rmtree(trash, ignore_errors=True)
+    os.replace(path, trash)
+    _fsync_dir(path.parent)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -270,10 +283,8 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
     """Delete all but the newest `keep` checkpoints (at least one is always kept)."""
-    import shutil
-
     for old in list_checkpoints(run_dir)[: -max(keep, 1)]:
-        shutil.rmtree(old)
+        _remove_dir(old)
 
 
 def load_checkpoint_state(ckpt: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
