@@ -318,3 +318,23 @@ def test_multi30k_short_run_gives_a_loadable_translator(multi30k_dir, tmp_path):
     model, tok = Transformer.load(tmp_path / "run"), Tokenizer.load(tmp_path / "run")
     src = torch.tensor([tok.encode("Ein Hund läuft über eine Wiese.")])
     assert len(greedy_decode(model, src, max_len=20)[0]) <= 20
+
+
+def test_torchrun_resume_is_bit_identical(corpus, tmp_path):
+    """2 ranks with dropout: 6 steps straight == 3 steps, stop, resume, 3 more."""
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "-m", "aiayn", "train", "--config", str(CONFIGS / "tiny_copy.toml"), "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    sets = [a for k, v in corpus.items() for a in ("--set", f"{k}={v}")]
+    for out, steps in (("a", 6), ("b", 3), ("b", 6)):
+        proc = subprocess.run([*base, *sets, "--set", f"train.out_dir={tmp_path / out}",
+                               "--set", f"train.max_steps={steps}"],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    a = load_tensors(list_checkpoints(tmp_path / "a")[-1] / "model.safetensors")
+    b = load_tensors(list_checkpoints(tmp_path / "b")[-1] / "model.safetensors")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name

@@ -337,8 +337,6 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
     opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=tc.adam_betas, eps=tc.adam_eps,
                            weight_decay=tc.weight_decay)
     state = restore_checkpoint(resume, model, opt, d) if resume is not None else TrainState()
-    if d.world > 1:  # each rank its own dropout stream, a function of (seed, rank, step)
-        torch.manual_seed(tc.seed + 7919 * d.rank + 104729 * state.step)
     if d.main:
         ckpt_io.atomic_write_json(out / RUN_CONFIG_FILE, to_dict(cfg))
     model.to(device).train()
@@ -354,6 +352,9 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
         while (stopped := run.should_stop(flag)) is None:
             lr = learning_rate(state.step + 1, tc, cfg.model.d_model)
             epoch = state.epoch
+            if d.world > 1:  # each rank its own dropout masks, a pure function of (rank, step),
+                # so a multi-rank resume is exact without gathering every rank's RNG state
+                torch.manual_seed(tc.seed + 7919 * d.rank + 104729 * state.step)
             chunk, tokens = loader.next_step(state)
             loss, nll = train_step(net, model, opt, data.train, chunk, tokens, lr, tc, d, device)
             state.step, state.tokens = state.step + 1, state.tokens + tokens
