@@ -338,3 +338,11 @@ def test_torchrun_resume_is_bit_identical(corpus, tmp_path):
     b = load_tensors(list_checkpoints(tmp_path / "b")[-1] / "model.safetensors")
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def test_early_stopping_after_patience_validations_without_improvement(corpus, tok, tmp_path):
+    # A zero learning rate: the validation loss can never improve after the first validation.
+    over = {"train.lr_schedule": "constant", "train.lr": 0.0, "train.valid_every": 5,
+            "train.patience": 2, "train.max_steps": 1000}
+    result = train(tiny(corpus, tmp_path / "run", **over), tokenizer=tok, progress=False)
+    assert result.stopped == "early_stopping" and result.step == 15
