@@ -125,9 +125,10 @@ def validate(model: Transformer, data: list[Example], tc: TrainConfig, d: Dist) 
     was_training = model.training
     model.eval()
     plan = batch_plan(data, tc.max_tokens, shuffle=False)
+    device = next(model.parameters()).device
     totals = [0.0, 0.0, 0.0]
     for idx in plan[d.rank :: d.world]:
-        b = collate(data, idx)
+        b = collate(data, idx).to(device)
         with _autocast(tc):
             logits_BTV = model(b.src_BS, b.tgt_in_BT)
         loss, nll = label_smoothed_loss(
@@ -150,7 +151,7 @@ def validation_bleu(
     hyps: list[str] = []
     for start in range(0, min(n, len(data)), 32):
         idx = list(range(start, min(start + 32, n, len(data))))
-        ids = greedy_decode(model, collate(data, idx).src_BS)
+        ids = greedy_decode(model, collate(data, idx).src_BS.to(next(model.parameters()).device))
         hyps.extend(tok.decode(x) for x in ids)
     return float(sacrebleu.corpus_bleu(hyps, [refs[: len(hyps)]]).score)
 
