@@ -346,3 +346,17 @@ def test_early_stopping_after_patience_validations_without_improvement(corpus, t
             "train.patience": 2, "train.max_steps": 1000}
     result = train(tiny(corpus, tmp_path / "run", **over), tokenizer=tok, progress=False)
     assert result.stopped == "early_stopping" and result.step == 15
+
+
+def test_the_last_weights_are_validated_and_a_model_is_always_saved(corpus, tok, tmp_path):
+    """Stopping between validations still validates the final weights (they may be the best),
+    and a run stopped before its first validation still leaves a loadable model directory."""
+    out = tmp_path / "run"
+    train(tiny(corpus, out, **{"train.max_steps": 13, "train.valid_every": 5}), tokenizer=tok,
+          progress=False)  # fmt: skip
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "valid_loss" in r] == [5, 10, 13]
+    early = tmp_path / "early"
+    over = {"train.max_steps": 3, "train.valid_every": 1000, "train.save_every": 1000}
+    train(tiny(corpus, early, **over), tokenizer=tok, progress=False)
+    assert Transformer.load(early).cfg.vocab_size == tok.vocab_size

@@ -352,6 +352,41 @@ def _run_average(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- quickstart -----------------------------------------------------------------------------------
+
+
+def _add_quickstart(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "quickstart",
+        help="no download: generate English->German numbers, train, evaluate, draw attention",
+        description="Generate a numbers corpus (num2words), train the cpu_tiny Transformer for "
+        "a few minutes, score held-out pairs, write a cross-attention picture and a model "
+        "directory. Writes OUT/metrics.json.",
+    )
+    p.add_argument("--out", type=Path, default=Path("quickstart"), help="output directory")
+    p.add_argument("--minutes", type=float, default=3.5, help="training budget (default 3.5)")
+    p.add_argument("--n-train", type=int, default=50_000, help="training pairs (default 50000)")
+    p.add_argument("--n-test", type=int, default=1000, help="held-out test pairs (default 1000)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print metrics.json instead of a report")
+
+
+def _run_quickstart(args: argparse.Namespace) -> int:
+    import logging
+
+    from aiayn.errors import ConfigError
+    from aiayn.quickstart import format_summary, run_quickstart, summary_json
+
+    if args.minutes <= 0 or args.n_train < 100 or args.n_test < 1:
+        raise ConfigError("--minutes must be > 0, --n-train >= 100 and --n-test >= 1")
+    logging.basicConfig(level=logging.INFO, format="aiayn: %(message)s")
+    summary = run_quickstart(
+        args.out, minutes=args.minutes, n_train=args.n_train, n_test=args.n_test, seed=args.seed
+    )
+    print(summary_json(summary) if args.json else format_summary(summary))
+    return 0
+
+
 # --- main -----------------------------------------------------------------------------------------
 
 COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable[..., int]]] = {
@@ -364,6 +399,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable
     "evaluate": (_add_evaluate, _run_evaluate),
     "train": (_add_train, _run_train),
     "average": (_add_average, _run_average),
+    "quickstart": (_add_quickstart, _run_quickstart),
 }
 
 

@@ -224,6 +224,7 @@ class _Run:
         self.window_t = time.monotonic()
         self.last_loss = float("nan")
         self.last_saved = state.step
+        self.last_validated = state.step
 
     def elapsed(self) -> float:
         return self.elapsed0 + time.monotonic() - self.t_start
@@ -263,6 +264,7 @@ class _Run:
                 self.model.save(self.out)  # the run directory's model = the best so far
         else:
             st.bad_validations += 1
+        self.last_validated = st.step
         self.metric({**rec, "best": st.best, "best_step": st.best_step})
         log.info("step %d: %s", st.step, " ".join(f"{k}={v:.4g}" for k, v in rec.items()))
         return tc.patience > 0 and st.bad_validations >= tc.patience
@@ -291,6 +293,18 @@ class _Run:
         if tc.max_epochs and st.epoch >= tc.max_epochs:
             return "max_epochs"
         return None
+
+
+def _bar_total(tc: TrainConfig, loader: StepLoader, epoch: int) -> int | None:
+    """The step the run will stop at, when it is known in advance: max_steps, or fewer when
+    max_epochs ends it first. A wall-clock budget makes it unknown: no total, no false ETA
+    (the bar then shows the minutes left instead)."""
+    if tc.max_minutes > 0:
+        return None
+    total = tc.max_steps
+    if tc.max_epochs > 0:
+        total = min(total, tc.max_epochs * (len(loader.plan(epoch)) // loader.per_step))
+    return total
 
 
 def train(cfg: Config, *, tokenizer: Tokenizer | None = None, progress: bool = True) -> TrainResult:
@@ -347,8 +361,8 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
     if tc.compile:
         net = torch.compile(net)  # type: ignore[assignment]
     run, loader = _Run(cfg, tok, data, model, opt, state, d, out), StepLoader(data.train, tc, d)
-    bar = tqdm(total=tc.max_steps, initial=state.step, disable=not (progress and d.main),
-               unit="step", dynamic_ncols=True)
+    bar = tqdm(total=_bar_total(tc, loader, state.epoch), initial=state.step, unit="step",
+               disable=not (progress and d.main), dynamic_ncols=True)
     with stop_on_signals() as flag, bar, logging_redirect_tqdm():
         while (stopped := run.should_stop(flag)) is None:
             lr = learning_rate(state.step + 1, tc, cfg.model.d_model)
@@ -367,8 +381,10 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
                 if bar.disable and d.main:  # no bar (no tty, --no-progress): say it in the log
                     log.info("step %d epoch %d: loss %.3f ppl %.1f lr %.2e %.0f tok/s", state.step,
                              state.epoch + 1, rec["loss"], rec["ppl"], lr, rec["tokens_per_s"])
+                minutes_left = tc.max_minutes - run.elapsed() / 60
+                left = {"left": f"{minutes_left:.1f}min"} if tc.max_minutes else {}
                 bar.set_postfix(loss=f"{rec['loss']:.3f}", ppl=f"{rec['ppl']:.1f}", lr=f"{lr:.2e}",
-                                tok_s=f"{rec['tokens_per_s']:.0f}", ep=state.epoch + 1)
+                                tok_s=f"{rec['tokens_per_s']:.0f}", ep=state.epoch + 1, **left)
             t_aside = time.monotonic()  # validation and saving do not count in tokens/s
             due = (state.step % tc.valid_every == 0 if tc.valid_every > 0
                    else state.epoch != epoch)  # valid_every = 0: at the end of each epoch
@@ -379,8 +395,12 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
             run.window_t += time.monotonic() - t_aside
             if stopped:
                 break
+    if data.valid and stopped != "signal" and run.last_validated != state.step:
+        run.validate()  # the final weights compete for "best" too
     if run.last_saved != state.step or not ckpt_io.list_checkpoints(out):
         run.save()
+    if d.main and not (out / ckpt_io.WEIGHTS_FILE).exists():  # stopped before any validation
+        model.save(out)
     if d.main:
         log.info("stopped (%s) at step %d; run directory %s", stopped, state.step, out)
     if d.world > 1:
