@@ -22,6 +22,7 @@ import random
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from torch import Tensor
@@ -72,20 +73,26 @@ class DataStats:
 # --- reading --------------------------------------------------------------------------------
 
 
+def read_lines(stream: BinaryIO, name: str) -> Iterator[str]:
+    """Decoded lines of a binary stream without their newline; invalid UTF-8 is a DataError
+    that names the file (`name`) and the line."""
+    for line_no, raw in enumerate(stream, 1):
+        try:
+            yield raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as e:
+            raise DataError(
+                f"{name}: line {line_no} is not valid UTF-8 (byte {e.start}: {e.reason})"
+            ) from None
+
+
 def _lines(path: Path) -> Iterator[str]:
-    """Decoded lines of `path` without their newline; invalid UTF-8 names the file and line."""
+    """Decoded lines of the corpus file `path` (see `read_lines`)."""
     try:
         f = path.open("rb")
     except FileNotFoundError:
         raise DataError(f"corpus file not found: {path}") from None
     with f:
-        for line_no, raw in enumerate(f, 1):
-            try:
-                yield raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise DataError(
-                    f"{path}: line {line_no} is not valid UTF-8 (byte {e.start}: {e.reason})"
-                ) from None
+        yield from read_lines(f, str(path))
 
 
 def _count_lines(path: Path) -> int:

@@ -17,12 +17,13 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, TextIO
 
 import torch
 from tqdm import tqdm
 
 from aiayn.config import EOS_ID, PAD_ID, DecodeConfig
+from aiayn.data import read_lines
 from aiayn.decode import Hypothesis, check_decode_config, search
 from aiayn.errors import CheckpointError, DataError
 from aiayn.metrics import bleu, chrf, exact_match
@@ -41,18 +42,6 @@ class Translation:
 
 
 # --- reading text ---------------------------------------------------------------------------------
-
-
-def read_lines(stream: BinaryIO, name: str) -> Iterator[str]:
-    """Decoded lines of a binary stream without their newline; invalid UTF-8 is a DataError
-    that names the file and the line."""
-    for line_no, raw in enumerate(stream, 1):
-        try:
-            yield raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as e:
-            raise DataError(
-                f"{name}: line {line_no} is not valid UTF-8 (byte {e.start}: {e.reason})"
-            ) from None
 
 
 def read_file_lines(path: str | Path) -> list[str]:
