@@ -1,0 +1,90 @@
+"""Multi30k test scores of a trained model, both ways the field reports them.
+
+For each test set (test_2016_flickr, test_2017_flickr) and each search (greedy, beam 4):
+- cased, detokenized sacreBLEU on `raw/` (the figure a user would quote), with its signature;
+- "tokenized BLEU" as the published Multi30k figures compute it: the hypotheses are
+  lowercased, punctuation-normalised and Moses-tokenized exactly as the dataset's own
+  `tok/` files were made (sacremoses; the same pipeline applied to the raw references
+  reproduces all 1,000 lines of each `tok/` test file), then scored against `tok/` with no
+  further tokenization (multi-bleu.perl's arithmetic).
+
+    python bench/multi30k_eval.py --model runs/m30k_de_en --src de --tgt en
+
+Prints one JSON object on its last line. Needs `pip install -e ".[bench]"` (sacremoses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import sacrebleu
+from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+from aiayn.translate import Translator
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+TESTS = ("test_2016_flickr", "test_2017_flickr")
+
+
+def moses_lc_tok(lines: list[str], lang: str) -> list[str]:
+    """The dataset's tok/ pipeline: lowercase, normalize-punctuation, tokenizer (escaped)."""
+    norm, tok = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+    return [tok.tokenize(norm.normalize(x.strip().lower()), escape=True, return_str=True)
+            for x in lines]  # fmt: skip
+
+
+def read(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="a model directory")
+    p.add_argument("--src", required=True, choices=["de", "en"])
+    p.add_argument("--tgt", required=True, choices=["de", "en"])
+    p.add_argument("--data", type=Path, default=DATA)
+    p.add_argument("--beams", default="1,4", help="comma-separated beam sizes")
+    args = p.parse_args()
+    if not args.data.is_dir():
+        sys.exit(f"multi30k_eval: Multi30k not found at {args.data}")
+    translator = Translator.load(args.model)
+    results: dict[str, dict[str, dict[str, float | str]]] = {}
+    for test in TESTS:
+        src = read(args.data / "raw" / f"{test}.{args.src}")
+        ref_raw = read(args.data / "raw" / f"{test}.{args.tgt}")
+        ref_tok = read(args.data / "tok" / f"{test}.lc.norm.tok.{args.tgt}")
+        for beam in (int(b) for b in args.beams.split(",")):
+            t0 = time.monotonic()
+            hyps = translator.translate(src, beam=beam)
+            seconds = time.monotonic() - t0
+            detok = sacrebleu.corpus_bleu(hyps, [ref_raw])
+            tok = sacrebleu.corpus_bleu(
+                moses_lc_tok(hyps, args.tgt), [ref_tok], tokenize="none", force=True
+            )
+            chrf = sacrebleu.corpus_chrf(hyps, [ref_raw])
+            name = "greedy" if beam == 1 else f"beam{beam}"
+            results.setdefault(test, {})[name] = {
+                "tok_bleu": round(tok.score, 2),
+                "sacrebleu": round(detok.score, 2),
+                "chrf": round(chrf.score, 2),
+                "seconds": round(seconds, 1),
+            }
+            print(f"{test} {name:7s} tokenized BLEU {tok.score:5.2f}  sacreBLEU {detok.score:5.2f}"
+                  f"  chrF {chrf.score:5.2f}  ({seconds:.0f} s)", flush=True)  # fmt: skip
+            out = Path(args.model) / f"{test}.{name}.{args.tgt}"
+            out.write_text("\n".join(hyps) + "\n", encoding="utf-8")
+    metric = sacrebleu.BLEU()
+    metric.corpus_score(["x"], [["x"]])  # a signature needs a scored corpus
+    signature = str(metric.get_signature())
+    print(json.dumps({"model": args.model, "direction": f"{args.src}-{args.tgt}",
+                      "sacrebleu_signature": signature, "results": results,
+                      "allocator": os.environ.get("LD_PRELOAD", "")}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
