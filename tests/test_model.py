@@ -11,6 +11,13 @@ from hypothesis import strategies as st
 from torch import nn
 
 from aiayn import reference
+from aiayn.attention import (
+    MultiHeadAttention,
+    attention,
+    fused_attention,
+    self_attention_unparameterised,
+    tracing,
+)
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
 from aiayn.model import (
@@ -18,13 +25,8 @@ from aiayn.model import (
     DecoderLM,
     EncoderClassifier,
     EncoderLayer,
-    MultiHeadAttention,
     Transformer,
-    attention,
     count_parameters,
-    fused_attention,
-    self_attention_unparameterised,
-    tracing,
 )
 
 TOL = dict(rtol=1e-5, atol=1e-5)  # fp32 parity
@@ -492,7 +494,7 @@ def test_beam_style_reorders_in_inference_mode_match_full_forward(tiny_cfg):
 
 
 def test_linear_fast_path_matches_and_sees_weight_updates():
-    from aiayn.model import Linear
+    from aiayn.attention import Linear
 
     torch.manual_seed(17)
     lin = Linear(16, 24)

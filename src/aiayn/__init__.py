@@ -1,5 +1,11 @@
 """aiayn: the Transformer of "Attention Is All You Need", readable, tested and fast."""
 
+from aiayn.attention import (
+    MultiHeadAttention,
+    attention,
+    self_attention_unparameterised,
+    tracing,
+)
 from aiayn.config import Config, DecodeConfig, ModelConfig, TrainConfig, load_config
 from aiayn.errors import AiaynError, CheckpointError, ConfigError, DataError
 from aiayn.model import (
@@ -8,12 +14,8 @@ from aiayn.model import (
     EncoderClassifier,
     KVCache,
     Memory,
-    MultiHeadAttention,
     Transformer,
-    attention,
-    self_attention_unparameterised,
     sinusoidal_positions,
-    tracing,
 )
 
 __version__ = "0.1.0"

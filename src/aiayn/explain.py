@@ -1,6 +1,6 @@
 """The glass box: one sentence through a trained model, every intermediate named (issue 6).
 
-`explain(model, tok, "sentence")` runs the real forward pass under `aiayn.model.tracing()`
+`explain(model, tok, "sentence")` runs the real forward pass under `aiayn.attention.tracing()`
 (encoder once, then the decoder step by step through greedy decoding with the KV cache, exactly
 as translation runs it) and returns a `Trace`: every recorded tensor under a stable name, with
 row and column labels (tokens or dimensions), plus the top-k next tokens of every step.
@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from aiayn.attention import tracing
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig
 from aiayn.decode import max_output_lengths
 from aiayn.errors import AiaynError
-from aiayn.model import Transformer, tracing
+from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # explain_beam imports this module

@@ -15,7 +15,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from aiayn.model import MultiHeadAttention, attention, sinusoidal_positions, tracing
+from aiayn.attention import MultiHeadAttention, attention, tracing
+from aiayn.model import sinusoidal_positions
 
 F64 = torch.float64
 
@@ -146,7 +147,7 @@ def section1() -> list[str]:
         heads, weights = attention(q, k, v, None, scale=1 / 30)
         concat = heads.transpose(1, 2).reshape(1, 2, D)
         z = mha.out_proj(concat)[0, :, :4]
-    out += ["", "with the seed's scale 1/30 (aiayn.model.attention(q, k, v, scale=1/30)):"]
+    out += ["", "with the seed's scale 1/30 (aiayn.attention.attention(q, k, v, scale=1/30)):"]
     for h in (0, 1):
         out += [
             mat(f"head {h + 1}, scale 30, weights", weights[0, h]),

@@ -19,9 +19,10 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from aiayn.attention import tracing
 from aiayn.config import BOS_ID, PAD_ID
 from aiayn.errors import AiaynError
-from aiayn.model import AttentionMaps, DecoderLM, EncoderClassifier, Transformer, tracing
+from aiayn.model import AttentionMaps, DecoderLM, EncoderClassifier, Transformer
 from aiayn.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
