@@ -79,7 +79,8 @@ class Linear(nn.Linear):
     - `rows=(start, end)` uses only those output rows, e.g. W^Q out of [W^Q; W^K; W^V];
     - when no gradient is being recorded on a CPU fp32 tensor, the product runs on a oneDNN
       prepacked copy of the weight, rebuilt whenever the weight changes (its version counter
-      or storage moves), so optimizer steps and `load_state_dict` are always seen.
+      or storage moves), so optimizer steps and `load_state_dict` are always seen. The packed
+      copies live beside the weights (the model's size again, once decoding has run).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
