@@ -179,6 +179,46 @@ def test_cli_bad_input_one_line_exit_2(
         assert "Traceback" not in err
 
 
+def test_model_dir_keeps_its_search_settings(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The [decode] table of run_config.json (written by `aiayn train`, copied by `aiayn
+    average`) is the model's default search; a flag given on the command line wins."""
+    import shutil
+
+    from aiayn.checkpoint import write_average
+
+    own = tmp_path / "own"
+    shutil.copytree(model_dir, own)
+    saved = {"beam_size": 3, "alpha": 1.0, "max_len_a": 0.0, "max_len_b": 5}
+    (own / "run_config.json").write_text(json.dumps({"model": {}, "decode": saved}))
+    assert Translator.load(own).cfg == DecodeConfig(**saved)
+    averaged = write_average([own, own], tmp_path / "avg")
+    assert Translator.load(averaged).cfg == DecodeConfig(**saved)
+
+    src = tmp_path / "in.txt"
+    lines = corpus(5, seed=4)
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    plain = Translator.load(model_dir)
+    assert main(["translate", "--model", str(own), "--input", str(src)]) == 0
+    assert capsys.readouterr().out.splitlines() == plain.translate(lines, **saved)
+    assert main(["translate", "--model", str(own), "--input", str(src), "--beam", "1"]) == 0
+    assert capsys.readouterr().out.splitlines() == plain.translate(
+        lines, **{**saved, "beam_size": 1}
+    )
+
+    bad_files = [
+        ("{", "is unreadable"),
+        ('{"decode": {"beam": 2}}', "unknown key"),
+        ('{"decode": {"beam_size": 0}}', "beam size must be at least 1"),
+    ]
+    for bad, message in bad_files:
+        (own / "run_config.json").write_text(bad)
+        assert main(["translate", "--model", str(own), "--input", str(src)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+
+
 # --- end to end: a model trained by `aiayn train` translates a file ------------------------------
 
 

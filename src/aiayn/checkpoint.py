@@ -18,7 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from aiayn.config import ModelConfig, from_dict, to_dict
+from aiayn.config import RUN_CONFIG_FILE, ModelConfig, from_dict, to_dict
 from aiayn.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
@@ -249,9 +249,7 @@ def save_checkpoint(
     save_model_dir(model, tmp)
     opt_tensors, opt_meta = optimizer_tensors(optimizer)
     save_tensors(tmp / OPTIM_FILE, {**opt_tensors, **{f"rng.{k}": v for k, v in rng.items()}})
-    atomic_write_json(
-        tmp / STATE_FILE, {"format": STATE_FORMAT, "optimizer": opt_meta, **state}
-    )
+    atomic_write_json(tmp / STATE_FILE, {"format": STATE_FORMAT, "optimizer": opt_meta, **state})
     final = root / name
     if final.exists():  # the same step saved twice (e.g. interrupted right after a save)
         _remove_dir(final)
@@ -327,7 +325,7 @@ def average_checkpoints(dirs: list[Path]) -> dict[str, torch.Tensor]:
 
 
 def write_average(dirs: list[Path], out: str | Path) -> Path:
-    """Average the weights of `dirs` into a new model directory `out` (tokenizer copied).
+    """Average the weights of `dirs` into a new model directory `out` (tokenizer, recipe copied).
 
     `out` must not hold a model already: nothing is overwritten.
     """
@@ -339,9 +337,11 @@ def write_average(dirs: list[Path], out: str | Path) -> Path:
     model.load_state_dict(averaged, strict=False)
     save_model_dir(model, out)
     first = Path(dirs[0])
-    for place in (first, first.parent.parent):  # a model dir, or a checkpoint inside a run dir
-        tokenizer = place / "tokenizer.model"
-        if tokenizer.is_file():
-            atomic_write_bytes(out / "tokenizer.model", tokenizer.read_bytes())
-            break
+    # The tokenizer and the run's recipe (whose [decode] table gives the model its search
+    # settings) sit in a model dir, or in the run dir above a checkpoint.
+    for name in ("tokenizer.model", RUN_CONFIG_FILE):
+        for place in (first, first.parent.parent):
+            if (place / name).is_file():
+                atomic_write_bytes(out / name, (place / name).read_bytes())
+                break
     return out

@@ -86,36 +86,46 @@ if TYPE_CHECKING:  # imported lazily at run time: `aiayn --help` stays fast
 
 
 def _add_search_flags(p: argparse.ArgumentParser) -> None:
+    # Search flags default to None: "the model's own settings", i.e. the [decode] table of the
+    # run that made it (docs/decoding.md), falling back to the paper's beam 4, alpha 0.6.
     p.add_argument("--model", type=Path, required=True, help="a model directory (aiayn train)")
-    p.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy (default 4)")
-    p.add_argument("--alpha", type=float, default=0.6, help="length penalty α (default 0.6)")
-    p.add_argument("--min-len", type=int, default=0, help="no EOS before this many tokens")
-    p.add_argument("--max-len-a", type=float, default=1.0, help="max length = a * src_len + b")
-    p.add_argument("--max-len-b", type=int, default=50)
+    p.add_argument("--beam", type=int, help="beam size; 1 = greedy (default: the model's, or 4)")
+    p.add_argument("--alpha", type=float, help="length penalty α (default: the model's, or 0.6)")
+    p.add_argument("--min-len", type=int, help="no EOS before this many tokens (default 0)")
+    p.add_argument("--max-len-a", type=float, help="max length = a * src_len + b (default 1.0)")
+    p.add_argument("--max-len-b", type=int, help="(default 50)")
     p.add_argument("--sample", action="store_true", help="sample instead of searching")
-    p.add_argument("--temperature", type=float, default=1.0, help="with --sample")
-    p.add_argument("--top-k", type=int, default=0, help="with --sample; 0 = off")
-    p.add_argument("--top-p", type=float, default=1.0, help="with --sample; 1.0 = off")
-    p.add_argument("--seed", type=int, default=0, help="with --sample")
+    p.add_argument("--temperature", type=float, help="with --sample (default 1.0)")
+    p.add_argument("--top-k", type=int, help="with --sample; 0 = off (default)")
+    p.add_argument("--top-p", type=float, help="with --sample; 1.0 = off (default)")
+    p.add_argument("--seed", type=int, help="with --sample (default 0)")
     p.add_argument("--batch-tokens", type=int, default=2048, help="source tokens per batch")
     p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
 
 
+_SEARCH_FLAGS = {  # DecodeConfig field -> argparse dest
+    "beam_size": "beam", "alpha": "alpha", "min_len": "min_len", "max_len_a": "max_len_a",
+    "max_len_b": "max_len_b", "nbest": "nbest", "temperature": "temperature", "top_k": "top_k",
+    "top_p": "top_p", "seed": "seed",
+}  # fmt: skip
+
+
 def _decode_setup(args: argparse.Namespace) -> tuple[Translator, DecodeConfig]:
-    """Check the search flags (before the slow model load), then load the translator."""
+    """The flags given, over the model's saved search settings; checked before the model loads."""
+    import dataclasses
     import logging
 
     import torch
 
-    from aiayn.config import DecodeConfig
     from aiayn.decode import check_decode_config
-    from aiayn.translate import Translator
+    from aiayn.translate import Translator, saved_decode_config
 
-    cfg = DecodeConfig(
-        beam_size=args.beam, alpha=args.alpha, min_len=args.min_len, max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b, nbest=getattr(args, "nbest", 1), sample=args.sample,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-    )  # fmt: skip
+    given = {
+        f: getattr(args, a) for f, a in _SEARCH_FLAGS.items() if getattr(args, a, None) is not None
+    }
+    if args.sample:
+        given["sample"] = True
+    cfg = dataclasses.replace(saved_decode_config(args.model), **given)
     check_decode_config(cfg)
     if args.batch_tokens < 1:
         raise AiaynError(f"--batch-tokens must be at least 1, got {args.batch_tokens}")
@@ -132,7 +142,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     _add_search_flags(p)
     p.add_argument("--input", type=Path, help="UTF-8 text, one sentence per line (default stdin)")
     p.add_argument("--output", type=Path, help="default stdout; a file is replaced atomically")
-    p.add_argument("--nbest", type=int, default=1, help="N best per line, 'i ||| text ||| score'")
+    p.add_argument("--nbest", type=int, help="N best per line, 'i ||| text ||| score'")
     p.add_argument(
         "--buffer-size", type=int, default=0, help="lines per sorted batch group (default 1024)"
     )
@@ -201,8 +211,11 @@ def _add_explain(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("sentence", nargs="?", help="the source sentence to translate and explain")
     p.add_argument("--model", type=Path, help="a model directory")
-    p.add_argument("--seed-example", action="store_true",
-                   help="replay the seeds' worked example (WORKED_EXAMPLES.md); no model needed")
+    p.add_argument(
+        "--seed-example",
+        action="store_true",
+        help="replay the seeds' worked example (WORKED_EXAMPLES.md); no model needed",
+    )
     p.add_argument("--format", choices=("text", "json", "html"), default="text")
     p.add_argument("--out", type=Path, help="write to this file instead of stdout")
     p.add_argument("--layers", help="layers to show, counted from 0: '0,2' or '0-1' (default all)")
@@ -225,8 +238,13 @@ def _run_explain(args: argparse.Namespace) -> int:
     else:
         if args.model is None or not args.sentence:
             raise AiaynError("give --model DIR and a sentence (or --seed-example)")
-        view = View(parse_indices(args.layers), parse_indices(args.heads),
-                    parse_indices(args.steps), args.dims, args.precision)
+        view = View(
+            parse_indices(args.layers),
+            parse_indices(args.heads),
+            parse_indices(args.steps),
+            args.dims,
+            args.precision,
+        )
         report = explain_report(str(args.model), args.sentence, fmt=args.format, view=view,
                                 top_k=args.top_k, max_len=args.max_len, beam=args.beam,
                                 alpha=args.alpha)  # fmt: skip
@@ -304,7 +322,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", type=Path, required=True, help="a TOML preset, e.g. configs/X.toml")
     p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
         help="override one field, e.g. --set train.max_tokens=4096 (repeatable)",
     )
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs only)")
@@ -320,7 +342,8 @@ def _run_train(args: argparse.Namespace) -> int:
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
+        format="%(asctime)s %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
     )
     result = train(load_config(args.config, args.overrides), progress=not args.no_progress)
     if rank == 0:

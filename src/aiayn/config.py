@@ -26,6 +26,9 @@ UNK_ID = 1
 BOS_ID = 2
 EOS_ID = 3
 
+# The full Config of a training run, saved in its directory (and copied by `aiayn average`).
+RUN_CONFIG_FILE = "run_config.json"
+
 
 @dataclass(frozen=True)
 class ModelConfig:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from aiayn import checkpoint as ckpt_io
-from aiayn.config import Config, TrainConfig, to_dict
+from aiayn.config import RUN_CONFIG_FILE, Config, TrainConfig, to_dict
 from aiayn.data import (
     DataStats,
     Example,
@@ -41,7 +41,6 @@ from aiayn.tokenizer import TOKENIZER_FILE, Tokenizer
 
 log = logging.getLogger(__name__)
 
-RUN_CONFIG_FILE = "run_config.json"
 METRICS_FILE = "metrics.jsonl"
 # TrainConfig fields that may differ when a run is resumed; any other difference would make
 # the continuation a different experiment, so it is refused.

@@ -12,6 +12,7 @@ truncated to its first `max_len - 1` tokens plus EOS, with a warning that names 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -22,7 +23,7 @@ from typing import Any, TextIO
 import torch
 from tqdm import tqdm
 
-from aiayn.config import EOS_ID, PAD_ID, DecodeConfig
+from aiayn.config import EOS_ID, PAD_ID, RUN_CONFIG_FILE, DecodeConfig, from_dict
 from aiayn.data import read_lines
 from aiayn.decode import Hypothesis, check_decode_config, search
 from aiayn.errors import CheckpointError, DataError
@@ -54,6 +55,20 @@ def read_file_lines(path: str | Path) -> list[str]:
 def one_line(text: str) -> str:
     """Keep one output line per input line, whatever characters the model emits."""
     return " ".join(text.splitlines()) if text else text
+
+
+def saved_decode_config(directory: str | Path) -> DecodeConfig:
+    """The `[decode]` table saved with a model directory, or the defaults if there is none."""
+    path = Path(directory) / RUN_CONFIG_FILE
+    if not path.is_file():
+        return DecodeConfig()
+    try:
+        table = json.loads(path.read_text(encoding="utf-8")).get("decode", {})
+        cfg = from_dict(DecodeConfig, table, "decode")
+    except (ValueError, AttributeError) as e:  # bad JSON, a bad value, not a table
+        raise CheckpointError(f"{path} is unreadable: {e}") from None
+    check_decode_config(cfg)
+    return cfg
 
 
 # --- batching -------------------------------------------------------------------------------------
@@ -93,10 +108,14 @@ class Translator:
     def load(
         cls, directory: str | Path, cfg: DecodeConfig | None = None, device: str = "cpu"
     ) -> Translator:
-        """From a model directory (`config.json`, `model.safetensors`, `tokenizer.model`)."""
+        """From a model directory (`config.json`, `model.safetensors`, `tokenizer.model`).
+
+        Without `cfg`, the search settings are the `[decode]` table of the run that made the
+        model (`run_config.json`, kept by `aiayn train` and `aiayn average`), else the defaults.
+        """
         model = Transformer.load(directory, map_location=device)
         assert isinstance(model, Transformer)
-        return cls(model, Tokenizer.load(directory), cfg)
+        return cls(model, Tokenizer.load(directory), cfg or saved_decode_config(directory))
 
     def settings(self, beam: int | None = None, **overrides: object) -> DecodeConfig:
         """The default search settings with `beam` and any DecodeConfig field replaced."""
