@@ -23,7 +23,8 @@ from aiayn.decode import (
     top_p_filter,
 )
 from aiayn.errors import ConfigError
-from aiayn.model import KVCache, Memory, Transformer
+from aiayn.kv_cache import KVCache, Memory
+from aiayn.model import Transformer
 
 A, B_, C = 4, 5, 6  # the fake model's word ids
 V_FAKE = 7

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig, ModelConfig
 from aiayn.errors import ConfigError
-from aiayn.model import KVCache, Memory
+from aiayn.kv_cache import KVCache, Memory
 
 
 class Decodable(Protocol):

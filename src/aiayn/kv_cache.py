@@ -1,0 +1,90 @@
+"""What incremental decoding carries between steps: the encoder `Memory` and the `KVCache`.
+
+`Transformer.encode` makes a Memory once per batch; `Transformer.init_cache` fills a KVCache
+with the cross-attention keys and values of that memory; every `decode_step` appends one
+position of self-attention keys and values. Beam search reorders both with `index_select`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Memory:
+    """The encoder output and which source positions are real (not PAD)."""
+
+    out_BSD: Tensor
+    keep_BS: Tensor
+
+    @property
+    def keep_B11S(self) -> Tensor:
+        return self.keep_BS[:, None, None, :]
+
+    def index_select(self, idx_B: Tensor) -> Memory:
+        return Memory(self.out_BSD.index_select(0, idx_B), self.keep_BS.index_select(0, idx_B))
+
+
+@dataclass
+class KVCache:
+    """Per-layer keys and values for incremental decoding, batch first.
+
+    Self-attention K/V live in buffers preallocated to `capacity` positions and are written
+    in place each step (no re-allocation); `length` positions are filled. Cross-attention K/V
+    of the encoder output are computed once per sentence.
+    """
+
+    self_k: list[Tensor]  # (B, H, capacity, K) per layer
+    self_v: list[Tensor]
+    cross_k: list[Tensor]  # (B, H, S, K) per layer
+    cross_v: list[Tensor]
+    length: int = 0
+    spare_k: list[Tensor] | None = None  # same shapes as self_k: the target of a reorder
+    spare_v: list[Tensor] | None = None
+
+    def append_self(self, layer: int, k_BHTK: Tensor, v_BHTK: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new positions' K/V; return views of everything so far (B, H, length+T, K)."""
+        start, end = self.length, self.length + k_BHTK.size(2)
+        if end > self.self_k[layer].size(2):
+            raise ValueError(f"KV cache capacity {self.self_k[layer].size(2)} exceeded")
+        self.self_k[layer][:, :, start:end] = k_BHTK
+        self.self_v[layer][:, :, start:end] = v_BHTK
+        return self.self_k[layer][:, :, :end], self.self_v[layer][:, :, :end]
+
+    def index_select(self, idx_B: Tensor, *, cross: bool = True) -> KVCache:
+        """Reorder (or select) batch rows, e.g. the surviving beams (fairseq's reorder).
+
+        The cache it is called on must not be used afterwards: when the row count is unchanged
+        (a beam reorder) the rows are gathered into a spare buffer that the two caches then
+        swap, so a beam step allocates nothing (fresh large buffers each step cost page faults).
+        Pass `cross=False` when rows are only permuted among beams of the same sentence: their
+        cross-attention K/V are identical, so copying them would be wasted work.
+        """
+        same_rows = len(idx_B) == self.self_k[0].size(0)
+        if same_rows and not self.self_k[0].requires_grad:  # out= cannot record gradients
+            if self.spare_k is None or self.spare_v is None:
+                self.spare_k = [torch.empty_like(b) for b in self.self_k]
+                self.spare_v = [torch.empty_like(b) for b in self.self_v]
+            for src, dst in zip(
+                self.self_k + self.self_v, self.spare_k + self.spare_v, strict=True
+            ):
+                torch.index_select(src, 0, idx_B, out=dst)
+            self_k, self_v = self.spare_k, self.spare_v
+            spare_k, spare_v = self.self_k, self.self_v
+        else:  # rows dropped (finished sentences), or autograd on: new buffers
+            self_k = [b.index_select(0, idx_B) for b in self.self_k]
+            self_v = [b.index_select(0, idx_B) for b in self.self_v]
+            spare_k = spare_v = None
+        keep_cross = not cross and same_rows
+        return KVCache(
+            self_k,
+            self_v,
+            self.cross_k if keep_cross else [b.index_select(0, idx_B) for b in self.cross_k],
+            self.cross_v if keep_cross else [b.index_select(0, idx_B) for b in self.cross_v],
+            self.length,
+            spare_k,
+            spare_v,
+        )
