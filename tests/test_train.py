@@ -135,7 +135,8 @@ def test_copy_task_learns_and_writes_a_model_directory(corpus, tmp_path):
     model = Transformer.load(out)  # the run directory is a model directory
     assert Tokenizer.load(out).vocab_size == model.cfg.vocab_size
     run_cfg = json.loads((out / "run_config.json").read_text())
-    assert set(run_cfg) == {"model", "train", "decode"}
+    assert set(run_cfg) == {"model", "train", "decode", "data_sha256"}
+    assert set(run_cfg["data_sha256"]) == {"src", "tgt", "valid_src", "valid_tgt"}
     assert len(list_checkpoints(out)) == 3  # keep_last = 3
 
 
@@ -181,6 +182,27 @@ def test_refuses_foreign_dirs_incompatible_configs_and_corrupt_checkpoints(corpu
         train(tiny(corpus, out, **{"train.max_steps": 8}), progress=False)
     after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before  # nothing overwritten by any refused attempt
+
+
+def test_resume_follows_moved_data_and_refuses_edited_data(corpus, tok, tmp_path):
+    """The data is checked by content (sha256 in run_config.json): moved files resume, edited
+    files are refused, whatever their path."""
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    new_paths = {}
+    for key, path in corpus.items():
+        new_paths[key] = str(moved / Path(path).name)
+        Path(new_paths[key]).write_bytes(Path(path).read_bytes())
+    out = tmp_path / "run"
+    train(tiny(corpus, out, **{"train.max_steps": 4}), tokenizer=tok, progress=False)
+    result = train(tiny(new_paths, out, **{"train.max_steps": 8}), progress=False)
+    assert result.step == 8
+    saved = json.loads((out / "run_config.json").read_text())
+    assert saved["train"]["src"] == new_paths["train.src"]
+    tgt = Path(new_paths["train.tgt"])
+    tgt.write_text(tgt.read_text().replace("a", "b", 1))  # same lines, one letter changed
+    with pytest.raises(CheckpointError, match=r"train.tgt .* differs from the file the run"):
+        train(tiny(new_paths, out, **{"train.max_steps": 12}), progress=False)
 
 
 def test_sigterm_saves_and_resume_continues(corpus, tok, tmp_path):

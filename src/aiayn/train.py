@@ -49,6 +49,7 @@ from aiayn.train_state import (
     TrainState,
     all_sum,
     check_resumable,
+    data_fingerprint,
     find_resume,
     init_distributed,
     load_data,
@@ -341,8 +342,9 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=tok.vocab_size))
     if tc.max_len > cfg.model.max_len:
         raise ConfigError(f"train.max_len={tc.max_len} exceeds model.max_len={cfg.model.max_len}")
+    fingerprint = data_fingerprint(tc)
     if resume is not None:
-        check_resumable(out, cfg)
+        check_resumable(out, cfg, fingerprint)
     data = load_data(tc, tok, d)
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
                           if torch.cuda.is_available() else "cpu")
@@ -353,7 +355,8 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
                            weight_decay=tc.weight_decay)
     state = restore_checkpoint(resume, model, opt, d) if resume is not None else TrainState()
     if d.main:
-        ckpt_io.atomic_write_json(out / RUN_CONFIG_FILE, to_dict(cfg))
+        run_config = {**to_dict(cfg), "data_sha256": fingerprint}
+        ckpt_io.atomic_write_json(out / RUN_CONFIG_FILE, run_config)
     model.to(device).train()
     net: torch.nn.Module = model
     if d.world > 1:

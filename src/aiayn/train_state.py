@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from aiayn.data import (
     padding_efficiency,
     read_parallel,
 )
-from aiayn.errors import CheckpointError, ConfigError
+from aiayn.errors import CheckpointError, ConfigError, DataError
 from aiayn.model import Transformer
 from aiayn.tokenizer import TOKENIZER_FILE, Tokenizer
 
@@ -245,19 +246,52 @@ def find_resume(out: Path) -> Path | None:
     return None  # only files of a run that died before its first checkpoint: start again
 
 
-def check_resumable(out: Path, cfg: Config) -> None:
-    """Refuse to resume under a model or recipe that differs from the one that was saved."""
+DATA_FIELDS = ("src", "tgt", "valid_src", "valid_tgt")
+
+
+def data_fingerprint(tc: TrainConfig) -> dict[str, str]:
+    """The sha256 of each data file the run reads, saved in run_config.json as `data_sha256`.
+
+    A resume compares contents, not paths: the corpus may move (a new disk, a renamed
+    directory), but an edited corpus would silently make the continuation another experiment.
+    """
+    digests = {}
+    for name in DATA_FIELDS:
+        path = getattr(tc, name)
+        if not path:
+            continue
+        digest = hashlib.sha256()
+        try:
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+        except OSError as e:
+            raise DataError(f"train.{name}: cannot read {path}: {e.strerror}") from None
+        digests[name] = digest.hexdigest()
+    return digests
+
+
+def check_resumable(out: Path, cfg: Config, fingerprint: dict[str, str]) -> None:
+    """Refuse to resume under a model, recipe or data that differs from the one saved."""
     try:
         saved = json.loads((out / RUN_CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{out / RUN_CONFIG_FILE} is unreadable: {e}") from None
+    saved_sha = saved.get("data_sha256", {})  # absent in runs from before it was recorded
+    if not isinstance(saved_sha, dict):
+        raise CheckpointError(f"{out / RUN_CONFIG_FILE}: data_sha256 is not a table")
+    # Data checked by content may have moved; without a recorded digest, the path must match.
+    movable = RESUMABLE_CHANGES | {f for f in DATA_FIELDS if f in saved_sha}
     now = to_dict(cfg)
     diffs = [
+        f"train.{name} {getattr(cfg.train, name)} differs from the file the run started with"
+        for name, digest in saved_sha.items()
+        if fingerprint.get(name) != digest
+    ] + [
         f"{section}.{k} was {saved.get(section, {}).get(k)!r}, now {v!r}"
         for section in ("model", "train")
         for k, v in now[section].items()
-        if saved.get(section, {}).get(k) != v
-        and not (section == "train" and k in RESUMABLE_CHANGES)
+        if saved.get(section, {}).get(k) != v and not (section == "train" and k in movable)
     ]
     if diffs:
         raise CheckpointError(
