@@ -1,6 +1,7 @@
 """Multi30k test scores of a trained model, both ways the field reports them.
 
-For each test set (test_2016_flickr, test_2017_flickr) and each search (greedy, beam 4):
+For each test set (test_2016_flickr, test_2017_flickr) and each search (`--beams`, default
+greedy and beam 4; other search settings are the model's own, from its run's [decode]):
 - cased, detokenized sacreBLEU on `raw/` (the figure a user would quote), with its signature;
 - "tokenized BLEU" as the published Multi30k figures compute it: the hypotheses are
   lowercased, punctuation-normalised and Moses-tokenized exactly as the dataset's own
@@ -9,6 +10,7 @@ For each test set (test_2016_flickr, test_2017_flickr) and each search (greedy, 
   further tokenization (multi-bleu.perl's arithmetic).
 
     python bench/multi30k_eval.py --model runs/m30k_de_en --src de --tgt en
+    python bench/multi30k_eval.py --model runs/m30k_en_de_avg10 --src en --tgt de --beams 1,4,5
 
 Prints one JSON object on its last line. Needs `pip install -e ".[bench]"` (sacremoses).
 """
@@ -49,10 +51,12 @@ def main() -> None:
     p.add_argument("--tgt", required=True, choices=["de", "en"])
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--beams", default="1,4", help="comma-separated beam sizes")
+    p.add_argument("--alpha", type=float, help="length penalty (default: the model's [decode])")
     args = p.parse_args()
     if not args.data.is_dir():
         sys.exit(f"multi30k_eval: Multi30k not found at {args.data}")
     translator = Translator.load(args.model)
+    alpha = {} if args.alpha is None else {"alpha": args.alpha}
     results: dict[str, dict[str, dict[str, float | str]]] = {}
     for test in TESTS:
         src = read(args.data / "raw" / f"{test}.{args.src}")
@@ -60,7 +64,7 @@ def main() -> None:
         ref_tok = read(args.data / "tok" / f"{test}.lc.norm.tok.{args.tgt}")
         for beam in (int(b) for b in args.beams.split(",")):
             t0 = time.monotonic()
-            hyps = translator.translate(src, beam=beam)
+            hyps = translator.translate(src, beam=beam, **alpha)
             seconds = time.monotonic() - t0
             detok = sacrebleu.corpus_bleu(hyps, [ref_raw])
             tok = sacrebleu.corpus_bleu(
@@ -82,6 +86,7 @@ def main() -> None:
     metric.corpus_score(["x"], [["x"]])  # a signature needs a scored corpus
     signature = str(metric.get_signature())
     print(json.dumps({"model": args.model, "direction": f"{args.src}-{args.tgt}",
+                      "alpha": translator.settings(**alpha).alpha,
                       "sacrebleu_signature": signature, "results": results,
                       "allocator": os.environ.get("LD_PRELOAD", "")}))  # fmt: skip
 
