@@ -6,6 +6,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import threading
 from pathlib import Path
@@ -203,6 +204,26 @@ def test_resume_follows_moved_data_and_refuses_edited_data(corpus, tok, tmp_path
     tgt.write_text(tgt.read_text().replace("a", "b", 1))  # same lines, one letter changed
     with pytest.raises(CheckpointError, match=r"train.tgt .* differs from the file the run"):
         train(tiny(new_paths, out, **{"train.max_steps": 12}), progress=False)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile on CPU needs a C++ compiler (g++)")
+def test_torch_compile_trains_the_same_steps(corpus, tok, tmp_path):
+    """`train.compile = true` (torch.compile, inductor on CPU) follows the eager run's losses
+    without dropout, and its run directory is an ordinary model directory. ~20 s of compiling."""
+    from torch._dynamo.utils import counters  # dynamo's own tally (private, long-standing)
+
+    over = {"train.max_steps": 12, "train.log_every": 4, "model.dropout": 0.0}
+    counters.clear()
+    eager = train(tiny(corpus, tmp_path / "eager", **over), tokenizer=tok, progress=False)
+    compiled = train(tiny(corpus, tmp_path / "compiled", **over, **{"train.compile": True}),
+                     tokenizer=tok, progress=False)
+    assert compiled.step == eager.step == 12
+    assert not counters["graph_break"], dict(counters["graph_break"])  # one graph, no breaks
+    losses = [_losses(tmp_path / name) for name in ("eager", "compiled")]
+    assert len(losses[0]) == 3
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-5)
+    Transformer.load(tmp_path / "compiled")
 
 
 def test_sigterm_saves_and_resume_continues(corpus, tok, tmp_path):

@@ -54,13 +54,15 @@ def tracing(prefix: str = "") -> Iterator[Trace]:
 
 def tap(name: str, x: Tensor) -> None:
     """Record `x` under `name` when a trace is active (one context-variable read otherwise)."""
-    trace = _TRACE.get()
+    trace = None if torch.compiler.is_compiling() else _TRACE.get()
     if trace is not None:
         trace.record(name, x)
 
 
 def is_tracing() -> bool:
-    return _TRACE.get() is not None
+    # torch.compile cannot read a context variable without breaking the graph at every tap;
+    # a compiled model is never traced (`tracing()` runs the eager model).
+    return not torch.compiler.is_compiling() and _TRACE.get() is not None
 
 
 # --- linear layers with an inference fast path -------------------------------------------------

@@ -358,7 +358,13 @@ class _ModelBase(nn.Module):
                 f"{what} has length {ids.size(1)} > max_len={self.cfg.max_len} "
                 f"(the positional table); shorten it or raise model.max_len"
             )
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
+        # The range check reads values, which would split a torch.compile graph in two.
+        compiling = torch.compiler.is_compiling()
+        if (
+            not compiling
+            and ids.numel()
+            and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size)
+        ):
             raise ValueError(
                 f"{what} holds ids in [{int(ids.min())}, {int(ids.max())}], outside the "
                 f"vocabulary [0, {self.cfg.vocab_size})"
