@@ -43,8 +43,8 @@ def main() -> None:
             f"train.src={DATA / 'train.de'}", f"train.tgt={DATA / 'train.en'}",
             f"train.valid_src={DATA / 'val.de'}", f"train.valid_tgt={DATA / 'val.en'}",
             f"train.out_dir={out}", f"train.max_epochs={args.epochs}", "train.valid_every=0",
-            "train.save_every=0", "train.bleu_samples=0", f"train.dtype={args.dtype}",
-            "train.max_steps=1000000", *args.overrides,
+            "train.save_every=0", "train.bleu_samples=0", "train.best_metric=loss",
+            f"train.dtype={args.dtype}", "train.max_steps=1000000", *args.overrides,
         ]
         cfg = load_config(ROOT / "configs" / "multi30k_de_en.toml", sets)
         t0 = time.perf_counter()

@@ -308,6 +308,10 @@ def test_cli_train_runs_and_bad_input_is_one_line(corpus, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "corpus file not found" in err
     assert not (tmp_path / "x").exists()  # nothing created for a run that could not start
+    no_bleu = ["--set", "train.best_metric=bleu", "--set", "train.bleu_samples=0"]
+    assert main([*base, *sets, "--set", f"train.out_dir={tmp_path / 'y'}", *no_bleu]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "needs train.bleu_samples >= 1" in err
 
 
 def test_kill_9_during_frequent_saves_leaves_a_resumable_run(corpus, tmp_path):

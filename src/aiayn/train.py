@@ -336,6 +336,8 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
     tc, d = cfg.train, init_distributed()
     if tc.accum_steps < 1 or tc.max_tokens < 1:
         raise ConfigError("train.accum_steps and train.max_tokens must be at least 1")
+    if tc.best_metric == "bleu" and tc.bleu_samples < 1:
+        raise ConfigError("train.best_metric = 'bleu' needs train.bleu_samples >= 1")
     out = Path(tc.out_dir)
     resume = find_resume(out)
     tok = prepare_tokenizer(cfg, out, resume, tokenizer, d)
