@@ -52,17 +52,21 @@ def tracing(prefix: str = "") -> Iterator[Trace]:
         _TRACE.reset(token)
 
 
+def _active_trace() -> Trace | None:
+    # torch.compile cannot read a context variable without breaking the graph at every tap;
+    # a compiled model is never traced (`tracing()` runs the eager model).
+    return None if torch.compiler.is_compiling() else _TRACE.get()
+
+
 def tap(name: str, x: Tensor) -> None:
     """Record `x` under `name` when a trace is active (one context-variable read otherwise)."""
-    trace = None if torch.compiler.is_compiling() else _TRACE.get()
+    trace = _active_trace()
     if trace is not None:
         trace.record(name, x)
 
 
 def is_tracing() -> bool:
-    # torch.compile cannot read a context variable without breaking the graph at every tap;
-    # a compiled model is never traced (`tracing()` runs the eager model).
-    return not torch.compiler.is_compiling() and _TRACE.get() is not None
+    return _active_trace() is not None
 
 
 # --- linear layers with an inference fast path -------------------------------------------------
