@@ -136,7 +136,10 @@ def test_copy_task_learns_and_writes_a_model_directory(corpus, tmp_path):
     model = Transformer.load(out)  # the run directory is a model directory
     assert Tokenizer.load(out).vocab_size == model.cfg.vocab_size
     run_cfg = json.loads((out / "run_config.json").read_text())
-    assert set(run_cfg) == {"model", "train", "decode", "data_sha256"}
+    assert set(run_cfg) == {"model", "train", "decode", "data_sha256", "runtime"}
+    runtime = run_cfg["runtime"]  # how this machine computed, chosen by train.dtype = "auto"
+    assert runtime["device"] == "cpu" and runtime["dtype"] in ("fp32", "bf16")
+    assert runtime["why"].startswith("auto: ") and runtime["world_size"] == 1
     assert set(run_cfg["data_sha256"]) == {"src", "tgt", "valid_src", "valid_tgt"}
     assert len(list_checkpoints(out)) == 3  # keep_last = 3
 
@@ -348,7 +351,8 @@ def test_kill_9_during_frequent_saves_leaves_a_resumable_run(corpus, tmp_path):
 
 @pytest.mark.slow
 def test_multi30k_short_run_gives_a_loadable_translator(multi30k_dir, tmp_path):
-    """The shipped Multi30k preset, 60 bf16 steps: validation improves, the run dir translates."""
+    """The shipped Multi30k preset, 60 steps in the machine's precision (dtype auto): validation
+    improves, the run dir translates."""
     from aiayn.decode import greedy_decode
 
     raw = Path(multi30k_dir) / "raw"
@@ -356,7 +360,7 @@ def test_multi30k_short_run_gives_a_loadable_translator(multi30k_dir, tmp_path):
         f"train.src={raw / 'train.de'}", f"train.tgt={raw / 'train.en'}",
         f"train.valid_src={raw / 'val.de'}", f"train.valid_tgt={raw / 'val.en'}",
         f"train.out_dir={tmp_path / 'run'}", "train.max_steps=60", "train.valid_every=30",
-        "train.bleu_samples=0", "train.dtype=bf16", "train.warmup_steps=60",
+        "train.bleu_samples=0", "train.best_metric=loss", "train.warmup_steps=60",
     ])
     result = train(cfg, progress=False)
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

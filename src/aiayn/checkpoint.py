@@ -153,7 +153,7 @@ def check_state_dict(model: torch.nn.Module, tensors: dict[str, torch.Tensor], w
             raise CheckpointError(f"{where}: tensor {name} holds NaN or inf")
 
 
-def load_model_dir(directory: str | Path, map_location: str = "cpu") -> _ModelBase:
+def load_model_dir(directory: str | Path, map_location: str | torch.device = "cpu") -> _ModelBase:
     """Rebuild the model described by `config.json` and load its weights, checking every tensor."""
     from aiayn.model import MODEL_CLASSES
 

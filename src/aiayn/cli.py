@@ -17,6 +17,23 @@ from typing import TYPE_CHECKING
 from aiayn import __version__
 from aiayn.errors import AiaynError
 
+# --- shared flags ---------------------------------------------------------------------------------
+
+
+def _add_device_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--device", default="auto",
+        help="auto | cpu | cuda | cuda:N | mps (default auto: a GPU if there is one, else CPU)",
+    )  # fmt: skip
+
+
+def _add_dtype_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dtype", choices=("auto", "fp32", "bf16"), default="auto",
+        help="arithmetic: auto = bf16 on a GPU with native bf16, else fp32 (docs/decoding.md)",
+    )  # fmt: skip
+
+
 # --- info -----------------------------------------------------------------------------------------
 
 
@@ -101,6 +118,8 @@ def _add_search_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="with --sample (default 0)")
     p.add_argument("--batch-tokens", type=int, default=2048, help="source tokens per batch")
     p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
+    _add_device_flag(p)
+    _add_dtype_flag(p)
 
 
 _SEARCH_FLAGS = {  # DecodeConfig field -> argparse dest
@@ -132,7 +151,7 @@ def _decode_setup(args: argparse.Namespace) -> tuple[Translator, DecodeConfig]:
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="aiayn: %(message)s")  # show warnings
-    return Translator.load(args.model, cfg), cfg
+    return Translator.load(args.model, cfg, device=args.device, dtype=args.dtype), cfg
 
 
 def _add_translate(sub: argparse._SubParsersAction) -> None:
@@ -227,6 +246,7 @@ def _add_explain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-len", type=int, help="most output tokens (default source length + 50)")
     p.add_argument("--beam", type=int, default=0, help="also trace beam search of this size")
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty α for --beam")
+    _add_device_flag(p)
 
 
 def _run_explain(args: argparse.Namespace) -> int:
@@ -247,7 +267,7 @@ def _run_explain(args: argparse.Namespace) -> int:
         )
         report = explain_report(str(args.model), args.sentence, fmt=args.format, view=view,
                                 top_k=args.top_k, max_len=args.max_len, beam=args.beam,
-                                alpha=args.alpha)  # fmt: skip
+                                alpha=args.alpha, device=args.device)  # fmt: skip
     if args.out:
         from aiayn.checkpoint import atomic_write_bytes
 
@@ -267,10 +287,12 @@ def _add_attend(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input", type=Path, help="a UTF-8 file, one source sentence per line")
     p.add_argument("--out", type=Path, required=True, help="directory for the PNGs and HTML")
     p.add_argument("--max-len", type=int, help="most output tokens (default source length + 50)")
+    _add_device_flag(p)
 
 
 def _run_attend(args: argparse.Namespace) -> int:
     from aiayn.checkpoint import atomic_write_bytes, load_model_dir
+    from aiayn.device import resolve_device
     from aiayn.tokenizer import Tokenizer
     from aiayn.viz import attention_figures, attention_for_model
     from aiayn.viz_html import attention_page
@@ -280,7 +302,8 @@ def _run_attend(args: argparse.Namespace) -> int:
         sentences += [s for s in args.input.read_text(encoding="utf-8").splitlines() if s.strip()]
     if not sentences:
         raise AiaynError("give at least one sentence (or --input FILE)")
-    model, tok = load_model_dir(args.model), Tokenizer.load(args.model)
+    device = resolve_device(args.device)
+    model, tok = load_model_dir(args.model, device), Tokenizer.load(args.model)
     examples = attention_for_model(model, tok, sentences, args.max_len)
     args.out.mkdir(parents=True, exist_ok=True)
     for i, ex in enumerate(examples):
@@ -330,6 +353,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         help="override one field, e.g. --set train.max_tokens=4096 (repeatable)",
     )
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs only)")
+    p.add_argument(
+        "--device",
+        help="auto | cpu | cuda | cuda:N | mps; the same as --set train.device=... "
+        "(under torchrun, cuda means cuda:LOCAL_RANK)",
+    )
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -345,7 +373,8 @@ def _run_train(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
-    result = train(load_config(args.config, args.overrides), progress=not args.no_progress)
+    overrides = [*args.overrides, *([f"train.device={args.device}"] if args.device else [])]
+    result = train(load_config(args.config, overrides), progress=not args.no_progress)
     if rank == 0:
         print(f"stopped ({result.stopped}) at step {result.step}; model: {result.out_dir}")
     return 130 if result.stopped == "signal" else 0
@@ -392,6 +421,7 @@ def _add_quickstart(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-test", type=int, default=1000, help="held-out test pairs (default 1000)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print metrics.json instead of a report")
+    _add_device_flag(p)
 
 
 def _run_quickstart(args: argparse.Namespace) -> int:
@@ -404,7 +434,8 @@ def _run_quickstart(args: argparse.Namespace) -> int:
         raise ConfigError("--minutes must be > 0, --n-train >= 100 and --n-test >= 1")
     logging.basicConfig(level=logging.INFO, format="aiayn: %(message)s")
     summary = run_quickstart(
-        args.out, minutes=args.minutes, n_train=args.n_train, n_test=args.n_test, seed=args.seed
+        args.out, minutes=args.minutes, n_train=args.n_train, n_test=args.n_test, seed=args.seed,
+        device=args.device,
     )
     print(summary_json(summary) if args.json else format_summary(summary))
     return 0

@@ -137,7 +137,11 @@ class TrainConfig:
     best_metric: Literal["loss", "bleu"] = "loss"
     bleu_samples: int = 200  # validation sentences decoded greedily for BLEU; 0 = skip
     seed: int = 1
-    dtype: Literal["fp32", "bf16"] = "fp32"  # bf16 = autocast on the matmuls
+    # auto = bf16 autocast where the hardware has native bf16 (CUDA compute capability >= 8,
+    # a CPU with AVX512-BF16 or AMX), else fp32; aiayn.device owns the choice
+    dtype: Literal["auto", "fp32", "bf16"] = "auto"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps; under torchrun, cuda = LOCAL_RANK
+    deterministic: bool = False  # deterministic kernels: bit-exact resume on a GPU (slower)
     compile: bool = False  # torch.compile
     threads: int = 0  # torch threads; 0 = leave torch's default
     log_every: int = 50

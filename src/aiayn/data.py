@@ -211,7 +211,16 @@ class Batch:
     tgt_out_BT: Tensor  # target ids + EOS (what the model must predict)
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(self.src_BS.to(device), self.tgt_in_BT.to(device), self.tgt_out_BT.to(device))
+        """The batch on `device`. To a GPU the copy goes through pinned (page-locked) memory
+        and does not block: the host queues the step's kernels while the copy runs."""
+        device = torch.device(device)
+        if device.type == "cpu":
+            return self
+        gpu = device.type == "cuda"
+        return Batch(*(
+            (t.pin_memory() if gpu else t).to(device, non_blocking=gpu)
+            for t in (self.src_BS, self.tgt_in_BT, self.tgt_out_BT)
+        ))  # fmt: skip
 
     @property
     def n_tgt_tokens(self) -> int:

@@ -163,6 +163,7 @@ def _add(
     kind of attention (starting at position 0).
     """
     for model_name, x in raw.items():
+        x = x.cpu()  # what is shown (tables, JSON, pictures) is read on the CPU
         name = stable_name(model_name)
         base, _, leaf = name.rpartition(".")
         if leaf in PER_HEAD:
@@ -242,7 +243,8 @@ def explain(
     model.eval()
     ids = source_ids(model, tok, sentence)
     src_pieces = tok.pieces(ids)
-    src_BS = torch.tensor([ids])
+    dev = next(model.parameters()).device  # what the model reads lives on its device
+    src_BS = torch.tensor([ids], device=dev)
     trace = Trace(sentence, ids, src_pieces, [], [], "", _config_summary(model))
     with tracing() as rec:
         memory = model.encode(src_BS)
@@ -253,7 +255,10 @@ def explain(
     fed = [BOS_ID]
     for t in range(n_steps):
         with tracing(prefix=f"step{t}.") as rec:
-            logits_1V, cache = model.decode_step(torch.tensor([[fed[-1]]]), memory, cache)
+            logits_1V, cache = model.decode_step(
+                torch.tensor([[fed[-1]]], device=dev), memory, cache
+            )
+        logits_1V = logits_1V.cpu()
         fed_pieces = tok.pieces(fed)
         keys = {"self_attn": fed_pieces, "cross_attn": src_pieces}
         _add(trace, rec.tensors, [fed_pieces[-1]], keys, t)
@@ -302,5 +307,6 @@ def greedy_translate(
     cfg = DecodeConfig(beam_size=1)
     if max_len is not None:
         cfg = dataclasses.replace(cfg, max_len_a=0.0, max_len_b=max_len)
-    hyp = greedy_search(model, torch.tensor([ids]), cfg)[0]
+    device = next(model.parameters()).device
+    hyp = greedy_search(model, torch.tensor([ids], device=device), cfg)[0]
     return ids, hyp.tokens + ([EOS_ID] if hyp.eos else [])

@@ -103,14 +103,15 @@ def trace_beam(
     n_steps = max_steps_for(model, len(ids), max_len)
     out = BeamTrace(beam_size, alpha, n_steps)
     N = beam_size
-    memory = model.encode(torch.tensor([ids]))
+    dev = next(model.parameters()).device  # everything the search makes lives with the model
+    memory = model.encode(torch.tensor([ids], device=dev))
     cache = model.init_cache(memory, capacity=n_steps)
     live = [Hypothesis([], [], 0.0, 0.0)]
     rows = memory  # one memory row per live hypothesis
     for t in range(n_steps):
-        last_N1 = torch.tensor([[h.tokens[-1] if h.tokens else BOS_ID] for h in live])
+        last_N1 = torch.tensor([[h.tokens[-1] if h.tokens else BOS_ID] for h in live], device=dev)
         logits_NV, cache = model.decode_step(last_N1, rows, cache)
-        logp_NV = torch.log_softmax(logits_NV.float(), dim=-1)
+        logp_NV = torch.log_softmax(logits_NV.float(), dim=-1).cpu()
         logp_NV[:, [PAD_ID, BOS_ID]] = float("-inf")  # never emitted
         if t < min_len:
             logp_NV[:, EOS_ID] = float("-inf")
@@ -148,8 +149,8 @@ def trace_beam(
         if len(out.finished) >= N:
             out.stop_reason = f"{N} hypotheses finished (= the beam size) by step {t}"
             break
-        cache = cache.index_select(torch.tensor([p for p, _ in kept]))  # survivors' K/V
-        rows = memory.index_select(torch.zeros(len(kept), dtype=torch.long))
+        cache = cache.index_select(torch.tensor([p for p, _ in kept], device=dev))  # survivors
+        rows = memory.index_select(torch.zeros(len(kept), dtype=torch.long, device=dev))
         live = [h for _, h in kept]
     return out
 

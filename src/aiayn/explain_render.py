@@ -390,8 +390,11 @@ def explain_report(
     max_len: int | None = None,
     beam: int = 0,
     alpha: float = 0.6,
+    device: str = "auto",
 ) -> str:
-    """What `aiayn explain` prints: load the model directory, trace, render as `fmt`."""
+    """What `aiayn explain` prints: load the model directory onto `device`, trace, render as
+    `fmt` (numbers are computed in fp32 wherever the model runs)."""
+    from aiayn.device import resolve_device
     from aiayn.explain import explain
     from aiayn.explain_beam import trace_beam
     from aiayn.model import Transformer
@@ -401,7 +404,8 @@ def explain_report(
         raise AiaynError(f"--top-k must be at least 1, got {top_k}")
     if max_len is not None and max_len < 1:
         raise AiaynError(f"--max-len must be at least 1, got {max_len}")
-    model, tok = Transformer.load(model_dir), Tokenizer.load(model_dir)
+    model = Transformer.load(model_dir, map_location=resolve_device(device))
+    tok = Tokenizer.load(model_dir)
     trace = explain(model, tok, sentence, top_k=top_k, max_len=max_len)
     if beam:
         trace.beam = trace_beam(model, tok, sentence, beam_size=beam, alpha=alpha, max_len=max_len)

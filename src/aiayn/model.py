@@ -358,10 +358,12 @@ class _ModelBase(nn.Module):
                 f"{what} has length {ids.size(1)} > max_len={self.cfg.max_len} "
                 f"(the positional table); shorten it or raise model.max_len"
             )
-        # The range check reads values, which would split a torch.compile graph in two.
-        compiling = torch.compiler.is_compiling()
+        # The range check reads values: that would split a torch.compile graph in two, and on
+        # a GPU it would stop the host until the GPU catches up. Ids reach a GPU from the CPU
+        # (tokenizer, batches), where they are checked; the embedding's own bound check stays.
+        cheap = ids.device.type == "cpu" and not torch.compiler.is_compiling()
         if (
-            not compiling
+            cheap
             and ids.numel()
             and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size)
         ):
@@ -377,7 +379,7 @@ class _ModelBase(nn.Module):
         save_model_dir(self, directory)
 
     @classmethod
-    def load(cls, directory: str | Path, map_location: str = "cpu") -> _ModelBase:
+    def load(cls, directory: str | Path, map_location: str | torch.device = "cpu") -> _ModelBase:
         """Restore a model saved by `save`, checking that the weights fit the config."""
         from aiayn.checkpoint import load_model_dir
 

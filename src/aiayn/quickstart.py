@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 SHOWCASE = "seven hundred and twenty-three thousand, one hundred and fifty-four"
 
 
-def quickstart_config(data_dir: Path, model_dir: Path, minutes: float, seed: int = 1) -> Config:
+def quickstart_config(
+    data_dir: Path, model_dir: Path, minutes: float, seed: int = 1, device: str = "auto"
+) -> Config:
     """The recipe: the paper's model and loss at toy size, tuned to converge in ~3 CPU minutes.
 
     A higher peak rate (2e-3) and shorter warmup (300) than the paper's base model suit a model
@@ -58,6 +60,7 @@ def quickstart_config(data_dir: Path, model_dir: Path, minutes: float, seed: int
             bleu_samples=0,
             seed=seed,
             log_every=20,
+            device=device,
         ),
         decode=DecodeConfig(beam_size=1),
     )
@@ -72,6 +75,7 @@ def run_quickstart(
     seed: int = 1,
     progress: bool = True,
     show: int = 8,
+    device: str = "auto",
 ) -> dict[str, Any]:
     """Build the corpus, train, evaluate, draw; return (and write) `OUT/metrics.json`.
 
@@ -82,13 +86,16 @@ def run_quickstart(
             validation after it, so allow a few seconds more).
         n_train, n_test: corpus sizes; the test numbers never occur in training.
         show: how many test translations to print.
+        device: where to train and translate (auto | cpu | cuda | cuda:N | mps).
     """
     from aiayn import metrics
+    from aiayn.device import resolve_device
     from aiayn.synthetic import write_corpus
     from aiayn.train import train
     from aiayn.translate import Translator
     from aiayn.viz import attention_for_translations, plot_attention_grid
 
+    resolve_device(device)  # a device that is not here fails before anything is written
     out = Path(out_dir)
     t0 = time.monotonic()
     data_dir, model_dir = out / "data", out / "model"
@@ -98,12 +105,12 @@ def run_quickstart(
         "corpus: %d train / %d valid / %d test pairs in %s", n_train, n_valid, n_test, data_dir
     )
 
-    cfg = quickstart_config(data_dir, model_dir, minutes, seed)
+    cfg = quickstart_config(data_dir, model_dir, minutes, seed, device)
     t_train = time.monotonic()
     result = train(cfg, progress=progress)
     train_seconds = time.monotonic() - t_train
 
-    translator = Translator.load(model_dir, cfg.decode)
+    translator = Translator.load(model_dir, cfg.decode, device=device)
     src = (data_dir / "test.en").read_text(encoding="utf-8").splitlines()
     ref = (data_dir / "test.de").read_text(encoding="utf-8").splitlines()
     hyps = translator.translate(src, beam=1)

@@ -37,6 +37,7 @@ from aiayn.data import (
     batch_plan,
     collate,
 )
+from aiayn.device import Precision, choose_precision
 from aiayn.errors import ConfigError
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
@@ -75,11 +76,13 @@ def label_smoothed_loss(
     reduction="sum")`. The NLL (no smoothing) gives perplexity.
     """
     logp_NV = F.log_softmax(logits_NV.float(), dim=-1)
-    keep_N = target_N != pad_id
+    # A 0/1 weight rather than boolean indexing: indexing must learn how many rows survive,
+    # which stops the host until a GPU has caught up.
+    keep_N = (target_N != pad_id).to(logp_NV.dtype)
     nll_N = -logp_NV.gather(-1, target_N.clamp(min=0)[:, None]).squeeze(-1)
     uniform_N = -logp_NV.mean(dim=-1)
     loss_N = (1.0 - epsilon) * nll_N + epsilon * uniform_N
-    return loss_N[keep_N].sum(), nll_N[keep_N].sum()
+    return (loss_N * keep_N).sum(), (nll_N * keep_N).sum()
 
 
 # --- learning-rate schedules: pure functions of the step (1-based) ----------------------------
@@ -121,28 +124,32 @@ def learning_rate(step: int, tc: TrainConfig, d_model: int) -> float:
 
 
 @torch.no_grad()
-def validate(model: Transformer, data: list[Example], tc: TrainConfig, d: Dist) -> dict[str, float]:
+def validate(
+    model: Transformer, data: list[Example], tc: TrainConfig, d: Dist, precision: Precision
+) -> dict[str, float]:
     """Mean label-smoothed loss and perplexity (exp of mean NLL) over the validation set."""
     was_training = model.training
     model.eval()
     plan = batch_plan(data, tc.max_tokens, shuffle=False)
-    device = next(model.parameters()).device
-    totals = [0.0, 0.0, 0.0]
+    totals = torch.zeros(3, dtype=torch.float64, device=d.device)  # loss, NLL, tokens
     for idx in plan[d.rank :: d.world]:
-        b = collate(data, idx).to(device)
-        with _autocast(tc):
+        cpu_batch = collate(data, idx)
+        b = cpu_batch.to(d.device)
+        with precision.autocast():
             logits_BTV = model(b.src_BS, b.tgt_in_BT)
         loss, nll = label_smoothed_loss(
             logits_BTV.flatten(0, 1), b.tgt_out_BT.flatten(), tc.label_smoothing, model.cfg.pad_id
         )
-        totals = [totals[0] + float(loss), totals[1] + float(nll), totals[2] + b.n_tgt_tokens]
+        totals += torch.stack([loss.double(), nll.double(), totals.new_tensor(
+            cpu_batch.n_tgt_tokens)])  # fmt: skip
     loss_sum, nll_sum, n = all_sum(totals, d)
     model.train(was_training)
     return {"valid_loss": loss_sum / n, "valid_ppl": math.exp(min(nll_sum / n, 50.0))}
 
 
 def validation_bleu(
-    model: Transformer, tok: Tokenizer, data: list[Example], refs: list[str], n: int
+    model: Transformer, tok: Tokenizer, data: list[Example], refs: list[str], n: int,
+    precision: Precision,
 ) -> float:
     """Corpus BLEU (sacreBLEU, detokenized) of greedy translations of the first `n` pairs."""
     import sacrebleu
@@ -152,53 +159,46 @@ def validation_bleu(
     hyps: list[str] = []
     for start in range(0, min(n, len(data)), 32):
         idx = list(range(start, min(start + 32, n, len(data))))
-        ids = greedy_decode(model, collate(data, idx).src_BS.to(next(model.parameters()).device))
+        with precision.autocast():
+            ids = greedy_decode(model, collate(data, idx).src_BS.to(precision.device))
         hyps.extend(tok.decode(x) for x in ids)
     return float(sacrebleu.corpus_bleu(hyps, [refs[: len(hyps)]]).score)
-
-
-def _autocast(tc: TrainConfig) -> Any:
-    if tc.dtype == "bf16":
-        return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", torch.bfloat16)
-    return nullcontext()
 
 
 # --- one optimizer step --------------------------------------------------------------------------
 
 
 def train_step(
-    net: torch.nn.Module, model: Transformer, opt: torch.optim.Optimizer, data: list[Example],
-    chunk: list[list[int]], tokens: int, lr: float, tc: TrainConfig, d: Dist,
-    device: torch.device,
-) -> tuple[float, float]:
-    """Forward/backward over this rank's micro-batches, then one Adam step.
+    net: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[Batch], *, tokens: int,
+    lr: float, pad_id: int, tc: TrainConfig, d: Dist, precision: Precision,
+) -> Tensor:
+    """Forward/backward over this rank's micro-batches (already on the device), then one Adam
+    step.
 
     Each micro-batch's summed loss is divided by the step's *global* target-token count
     (times world, because DDP averages gradients over ranks), so the gradient is the mean
     over every target token of the step, however it is split over ranks and micro-batches.
-    Returns this rank's summed (smoothed loss, NLL).
+    Returns this rank's summed (smoothed loss, NLL) as a tensor on the device: nothing here
+    waits for the GPU, the log reads the totals every `log_every` steps.
     """
     for group in opt.param_groups:
         group["lr"] = lr
     opt.zero_grad(set_to_none=True)
-    loss_total = nll_total = 0.0
-    for a, idx in enumerate(chunk):
-        b: Batch = collate(data, idx).to(device)
-        last = a == len(chunk) - 1
+    totals = torch.zeros(2, device=d.device)
+    for a, b in enumerate(batches):
+        last = a == len(batches) - 1
         with nullcontext() if d.world == 1 or last else net.no_sync():  # type: ignore[operator]
-            with _autocast(tc):
+            with precision.autocast():
                 logits_BTV = net(b.src_BS, b.tgt_in_BT)
             loss, nll = label_smoothed_loss(
-                logits_BTV.flatten(0, 1), b.tgt_out_BT.flatten(), tc.label_smoothing,
-                model.cfg.pad_id,
+                logits_BTV.flatten(0, 1), b.tgt_out_BT.flatten(), tc.label_smoothing, pad_id
             )
             (loss * (d.world / tokens)).backward()
-        loss_total += float(loss.detach())
-        nll_total += float(nll.detach())
+        totals += torch.stack([loss.detach(), nll.detach()])
     if tc.clip_norm > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip_norm)
+        torch.nn.utils.clip_grad_norm_(net.parameters(), tc.clip_norm)
     opt.step()
-    return loss_total, nll_total
+    return totals
 
 
 # --- the loop ------------------------------------------------------------------------------------
@@ -217,11 +217,13 @@ class _Run:
     """The mutable parts of one training run, so the loop reads top to bottom."""
 
     def __init__(self, cfg: Config, tok: Tokenizer, data: RunData, model: Transformer,
-                 opt: torch.optim.Optimizer, state: TrainState, d: Dist, out: Path) -> None:
+                 opt: torch.optim.Optimizer, state: TrainState, d: Dist, out: Path,
+                 precision: Precision) -> None:
         self.cfg, self.tc, self.tok, self.data = cfg, cfg.train, tok, data
         self.model, self.opt, self.state, self.d, self.out = model, opt, state, d, out
+        self.precision = precision
         self.t_start, self.elapsed0 = time.monotonic(), state.elapsed_s
-        self.window = [0.0, 0.0, 0.0]  # loss sum, nll sum, tokens since the last log
+        self.window = self._zeros()  # loss sum, nll sum, tokens since the last log (on device)
         self.window_t = time.monotonic()
         self.last_loss = float("nan")
         self.last_saved = state.step
@@ -245,16 +247,26 @@ class _Run:
                "tokens_per_s": n / max(now - self.window_t, 1e-9)}
         self.last_loss = rec["loss"]
         self.metric(rec)
-        self.window, self.window_t = [0.0, 0.0, 0.0], now
+        self.window, self.window_t = self._zeros(), now
         return rec
+
+    def add_step(self, totals: Tensor, tokens: int) -> None:
+        """Add one step's (loss, NLL) device totals and its tokens to the log window.
+
+        Each rank adds tokens / world, so the sum over ranks is the step's total."""
+        self.window[:2] += totals
+        self.window[2] += tokens / self.d.world
+
+    def _zeros(self) -> Tensor:
+        return torch.zeros(3, dtype=torch.float64, device=self.d.device)
 
     def validate(self) -> bool:
         """Validation metrics, the best checkpoint and early stopping; True = stop now."""
         tc, st = self.tc, self.state
-        rec = validate(self.model, self.data.valid, tc, self.d)
+        rec = validate(self.model, self.data.valid, tc, self.d, self.precision)
         if tc.bleu_samples > 0:
             bleu = validation_bleu(self.model, self.tok, self.data.valid, self.data.valid_refs,
-                                   tc.bleu_samples) if self.d.main else 0.0
+                                   tc.bleu_samples, self.precision) if self.d.main else 0.0
             rec["valid_bleu"] = all_sum([bleu], self.d)[0]
         value = rec["valid_bleu"] if tc.best_metric == "bleu" else rec["valid_loss"]
         higher_is_better = tc.best_metric == "bleu"
@@ -274,7 +286,7 @@ class _Run:
         self.state.elapsed_s = self.elapsed()
         if self.d.main:
             ckpt_io.save_checkpoint(self.out, self.model, self.opt, self.state.to_json(),
-                                    rng_tensors())
+                                    rng_tensors(self.d.device))
             ckpt_io.prune_checkpoints(self.out, self.tc.keep_last)
             if not self.data.valid:  # no validation set: the run's model is the latest one
                 self.model.save(self.out)
@@ -321,19 +333,26 @@ def train(cfg: Config, *, tokenizer: Tokenizer | None = None, progress: bool = T
         validation value.
     """
     threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
+    if cfg.train.deterministic:
+        # cuBLAS is deterministic only with a fixed workspace; set before its first use.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     try:
         return _train(cfg, tokenizer, progress)
     finally:
         torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
 
 
 def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainResult:
     from tqdm.auto import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    tc, d = cfg.train, init_distributed()
+    tc, d = cfg.train, init_distributed(cfg.train.device)
+    precision = choose_precision(tc.dtype, d.device, "train.dtype")
     if tc.accum_steps < 1 or tc.max_tokens < 1:
         raise ConfigError("train.accum_steps and train.max_tokens must be at least 1")
     if tc.best_metric == "bleu" and tc.bleu_samples < 1:
@@ -348,24 +367,31 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
     if resume is not None:
         check_resumable(out, cfg, fingerprint)
     data = load_data(tc, tok, d)
-    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
-                          if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(tc.seed)
+    torch.manual_seed(tc.seed)  # seeds the GPU's generator too
     random.seed(tc.seed)
-    model = Transformer(cfg.model)
+    precision.apply()
+    if d.main:
+        log.info("device %s, precision: %s", d.device, precision.why)
+    # On the device before the optimizer exists: restored Adam moments follow the parameters.
+    model = Transformer(cfg.model).to(d.device)
     opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=tc.adam_betas, eps=tc.adam_eps,
                            weight_decay=tc.weight_decay)
     state = restore_checkpoint(resume, model, opt, d) if resume is not None else TrainState()
-    if d.main:
-        run_config = {**to_dict(cfg), "data_sha256": fingerprint}
+    if d.main:  # `runtime` records how this session computes; resume checks only model/train
+        run_config = {**to_dict(cfg), "data_sha256": fingerprint,
+                      "runtime": {**precision.to_json(), "world_size": d.world}}
         ckpt_io.atomic_write_json(out / RUN_CONFIG_FILE, run_config)
-    model.to(device).train()
+    model.train()
     net: torch.nn.Module = model
-    if d.world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(model)
+    if d.world > 1:  # the positional tables are constant buffers: nothing to broadcast per step
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[d.device.index] if d.device.type == "cuda" else None,
+            broadcast_buffers=False,
+        )
     if tc.compile:
         net = torch.compile(net)  # type: ignore[assignment]
-    run, loader = _Run(cfg, tok, data, model, opt, state, d, out), StepLoader(data.train, tc, d)
+    run = _Run(cfg, tok, data, model, opt, state, d, out, precision)
+    loader = StepLoader(data.train, tc, d)
     bar = tqdm(total=_bar_total(tc, loader, state.epoch), initial=state.step, unit="step",
                disable=not (progress and d.main), dynamic_ncols=True)
     with stop_on_signals() as flag, bar, logging_redirect_tqdm():
@@ -376,10 +402,11 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
                 # so a multi-rank resume is exact without gathering every rank's RNG state
                 torch.manual_seed(tc.seed + 7919 * d.rank + 104729 * state.step)
             chunk, tokens = loader.next_step(state)
-            loss, nll = train_step(net, model, opt, data.train, chunk, tokens, lr, tc, d, device)
+            batches = [collate(data.train, idx).to(d.device) for idx in chunk]
+            totals = train_step(net, opt, batches, tokens=tokens, lr=lr, pad_id=cfg.model.pad_id,
+                                tc=tc, d=d, precision=precision)
             state.step, state.tokens = state.step + 1, state.tokens + tokens
-            w = run.window  # tokens / world per rank, so the sum over ranks is the step's total
-            run.window = [w[0] + loss, w[1] + nll, w[2] + tokens / d.world]
+            run.add_step(totals, tokens)
             bar.update(1)
             if tc.log_every > 0 and state.step % tc.log_every == 0:
                 rec = run.log_train(lr)

@@ -1,6 +1,6 @@
 """What a training run keeps between steps and across restarts (used by train.py).
 
-    Dist / init_distributed   rank and world size under torchrun (gloo on CPU, nccl on GPU)
+    Dist / init_distributed   rank, world size and device under torchrun (gloo/CPU, nccl/GPU)
     TrainState                step, epoch, data position, best value, ... (JSON)
     load_data / StepLoader    the corpora, and each step's share of batches for this rank
     find_resume ...           the run directory: resume, or refuse to overwrite anything else
@@ -18,7 +18,7 @@ import random
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from aiayn.data import (
     padding_efficiency,
     read_parallel,
 )
+from aiayn.device import resolve_device
 from aiayn.errors import CheckpointError, ConfigError, DataError
 from aiayn.model import Transformer
 from aiayn.tokenizer import TOKENIZER_FILE, Tokenizer
@@ -48,6 +49,7 @@ METRICS_FILE = "metrics.jsonl"
 RESUMABLE_CHANGES = {
     "max_steps", "max_epochs", "max_minutes", "valid_every", "save_every", "log_every",
     "patience", "keep_last", "threads", "bleu_samples", "compile", "out_dir",
+    "device", "dtype", "deterministic",  # how to compute, not what: a run may change machines
 }
 
 
@@ -59,27 +61,43 @@ RESUMABLE_CHANGES = {
 class Dist:
     rank: int = 0
     world: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
     def main(self) -> bool:
         return self.rank == 0
 
 
-def init_distributed() -> Dist:
-    """Join the torchrun process group when launched by torchrun (gloo on CPU, nccl on GPU)."""
+def init_distributed(device_spec: str = "auto") -> Dist:
+    """This process's device, and under torchrun its rank in the process group.
+
+    The backend follows the device: NCCL for CUDA (each rank on cuda:LOCAL_RANK, made the
+    current device so NCCL's own buffers land there), gloo for the CPU. The device is checked
+    before anything is created, so a missing GPU is a one-line error.
+    """
+    device = resolve_device(device_spec)
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if world <= 1:
-        return Dist()
+        return Dist(device=device)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return Dist(dist.get_rank(), dist.get_world_size())
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Dist(dist.get_rank(), dist.get_world_size(), device)
 
 
-def all_sum(values: list[float], d: Dist) -> list[float]:
-    if d.world == 1:
-        return values
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t)
+def reduce_tensor(values: Tensor | list[float], d: Dist) -> Tensor:
+    """`values` as the float64 tensor a reduce takes: on the rank's device (NCCL reduces only
+    GPU tensors; gloo, CPU ones)."""
+    return torch.as_tensor(values, dtype=torch.float64).to(d.device)
+
+
+def all_sum(values: Tensor | list[float], d: Dist) -> list[float]:
+    """Sum over ranks (a plain copy on one process). One host sync: call it per log, not per
+    micro-batch."""
+    t = reduce_tensor(values, d)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
     return t.tolist()
 
 
@@ -111,8 +129,29 @@ def _tupled(x: Any) -> Any:
     return tuple(_tupled(v) for v in x) if isinstance(x, list) else x
 
 
-def rng_tensors() -> dict[str, Tensor]:
-    return {"torch": torch.get_rng_state()}
+def rng_tensors(device: torch.device) -> dict[str, Tensor]:
+    """The generators a step draws from: the CPU's, and the GPU's when training on one."""
+    states = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    return states
+
+
+def restore_rng(tensors: dict[str, Tensor], device: torch.device) -> None:
+    """Continue the generators saved by `rng_tensors`, where the run's device allows it.
+
+    A run saved on a GPU and resumed on the CPU (or the reverse) resumes with the same weights
+    and data position, but its dropout masks come from another generator: bit-exactness holds
+    on the same kind of device only.
+    """
+    torch.set_rng_state(tensors["rng.torch"])
+    saved_on_gpu = "rng.cuda" in tensors
+    if saved_on_gpu and device.type == "cuda":
+        torch.cuda.set_rng_state(tensors["rng.cuda"], device)
+    elif saved_on_gpu != (device.type == "cuda"):
+        log.info("resuming on %s a run saved on %s: same weights and data position, other "
+                 "dropout masks (exact resume needs the same kind of device)", device.type,
+                 "cuda" if saved_on_gpu else "cpu")  # fmt: skip
 
 
 # --- the data a run sees -----------------------------------------------------------------------
@@ -334,7 +373,7 @@ def restore_checkpoint(
     names = {f.name for f in dataclasses.fields(TrainState)}
     state = TrainState(**{k: v for k, v in saved.items() if k in names})
     if d.world == 1:  # exact resume: the RNG continues where it stopped
-        torch.set_rng_state(tensors["rng.torch"])
+        restore_rng(tensors, d.device)
         random.setstate(_tupled(saved["python_random"]))
     log.info("resuming %s at step %d (epoch %d)", resume, state.step, state.epoch + 1)
     return state

@@ -26,6 +26,7 @@ from tqdm import tqdm
 from aiayn.config import EOS_ID, PAD_ID, RUN_CONFIG_FILE, DecodeConfig, from_dict
 from aiayn.data import read_lines
 from aiayn.decode import Hypothesis, check_decode_config, search
+from aiayn.device import Precision, choose_precision, resolve_device
 from aiayn.errors import CheckpointError, DataError
 from aiayn.metrics import bleu, chrf, exact_match
 from aiayn.model import Transformer
@@ -92,7 +93,11 @@ class Translator:
     """A trained `Transformer` with its tokenizer and default search settings."""
 
     def __init__(
-        self, model: Transformer, tokenizer: Tokenizer, cfg: DecodeConfig | None = None
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        cfg: DecodeConfig | None = None,
+        precision: Precision | None = None,
     ) -> None:
         if tokenizer.vocab_size != model.cfg.vocab_size:
             raise CheckpointError(
@@ -103,19 +108,30 @@ class Translator:
         self.tokenizer = tokenizer
         self.cfg = cfg or DecodeConfig()
         self.device = next(model.parameters()).device
+        self.precision = precision or choose_precision("fp32", self.device)
 
     @classmethod
     def load(
-        cls, directory: str | Path, cfg: DecodeConfig | None = None, device: str = "cpu"
+        cls,
+        directory: str | Path,
+        cfg: DecodeConfig | None = None,
+        device: str | torch.device = "auto",
+        dtype: str = "auto",
     ) -> Translator:
         """From a model directory (`config.json`, `model.safetensors`, `tokenizer.model`).
 
         Without `cfg`, the search settings are the `[decode]` table of the run that made the
         model (`run_config.json`, kept by `aiayn train` and `aiayn average`), else the defaults.
+        `device` is auto | cpu | cuda | cuda:N | mps (auto: a GPU if there is one); `dtype`
+        auto | fp32 | bf16 (auto: bf16 autocast on a GPU with native bf16, else fp32).
         """
-        model = Transformer.load(directory, map_location=device)
+        where = resolve_device(device) if isinstance(device, str) else device
+        precision = choose_precision(dtype, where, "dtype", decoding=True)
+        cfg = cfg or saved_decode_config(directory)
+        model = Transformer.load(directory, map_location=where)
         assert isinstance(model, Transformer)
-        return cls(model, Tokenizer.load(directory), cfg or saved_decode_config(directory))
+        precision.apply()
+        return cls(model, Tokenizer.load(directory), cfg, precision)
 
     def settings(self, beam: int | None = None, **overrides: object) -> DecodeConfig:
         """The default search settings with `beam` and any DecodeConfig field replaced."""
@@ -160,7 +176,9 @@ class Translator:
         ids = [self._fit(x, first_line_no + i) for x, i in zip(ids, todo, strict=True)]
         for batch in token_budget_batches([len(x) for x in ids], batch_tokens):
             src_BS = self._pad([ids[j] for j in batch])
-            for j, hyps in zip(batch, search(self.model, src_BS, cfg), strict=True):
+            with self.precision.autocast():
+                found = search(self.model, src_BS, cfg)
+            for j, hyps in zip(batch, found, strict=True):
                 results[todo[j]] = [
                     Translation(one_line(self.tokenizer.decode(h.tokens)), h) for h in hyps
                 ]

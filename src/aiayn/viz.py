@@ -113,7 +113,11 @@ def attention_for_translations(
         tgt_in_BT[b, : len(out)] = torch.tensor([BOS_ID, *out[:-1]])
         tgt_out_BT[b, : len(out)] = torch.tensor(out)
     model.eval()
-    _, maps = model(src_BS, tgt_in_BT, return_attention=True)
+    device = next(model.parameters()).device
+    _, maps = model(src_BS.to(device), tgt_in_BT.to(device), return_attention=True)
+    maps = AttentionMaps(  # pictures are drawn on the CPU
+        *([m.cpu() for m in kind] for kind in (maps.enc_self, maps.dec_self, maps.cross))
+    )
     examples = examples_from_maps(tok, src_BS, tgt_in_BT, tgt_out_BT, maps)
     for ex, (_, out) in zip(examples, pairs, strict=True):
         ex.translation = tok.decode(out)
@@ -135,8 +139,8 @@ def attention_for_inputs(
         ids_BS[b, : len(row)] = torch.tensor(row)
     model.eval()
     with tracing() as rec:
-        model(ids_BS)
-    maps = [w for name, w in rec.tensors.items() if name.endswith(".self_attn.weights")]
+        model(ids_BS.to(next(model.parameters()).device))
+    maps = [w.cpu() for name, w in rec.tensors.items() if name.endswith(".self_attn.weights")]
     return [
         AttentionExample(tok.pieces(row), [], [], {kind: [m[b, :, : len(row), : len(row)]
                                                           for m in maps]})
