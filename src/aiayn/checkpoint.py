@@ -1,15 +1,14 @@
 """The model directory: `config.json` + `model.safetensors` (+ tokenizer, + training state).
 
 Nothing here uses pickle: weights are safetensors, everything else is JSON. Every file is
-written atomically (temporary file in the same directory, fsync, rename), so a kill at any
-moment leaves the previous good file in place.
+written atomically (`aiayn.atomic`: temporary file in the same directory, fsync, rename), so a
+kill at any moment leaves the previous good file in place.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+# train.py reaches atomic_write_json through this module too (checkpoint.atomic_write_json).
+from aiayn.atomic import atomic_write_bytes, atomic_write_json, fsync_dir
 from aiayn.config import RUN_CONFIG_FILE, ModelConfig, from_dict, to_dict
 from aiayn.errors import CheckpointError, ConfigError
 
@@ -28,31 +29,6 @@ FORMAT = "aiayn-model"
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write `data` to `path` so that readers see the old file or the new one, never a torn one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)  # make the rename itself durable
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
 def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -222,14 +198,6 @@ def load_optimizer_tensors(
         raise CheckpointError(f"{where}: bad optimizer state: {e}") from None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(
     run_dir: str | Path,
     model: _ModelBase,
@@ -254,7 +222,7 @@ def save_checkpoint(
     if final.exists():  # the same step saved twice (e.g. interrupted right after a save)
         _remove_dir(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     return final
 
 
@@ -266,7 +234,7 @@ def _remove_dir(path: Path) -> None:
     trash = path.with_name(f".trash_{path.name}")
     shutil.rmtree(trash, ignore_errors=True)
     os.replace(path, trash)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     shutil.rmtree(trash, ignore_errors=True)
 
 
