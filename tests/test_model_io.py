@@ -9,7 +9,7 @@ import torch
 from aiayn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model_dir
 from aiayn.cli import main
 from aiayn.errors import CheckpointError
-from aiayn.model import DecoderLM, EncoderClassifier, Transformer
+from aiayn.model import MODEL_CLASSES, DecoderLM, EncoderClassifier, Transformer
 
 
 @pytest.mark.parametrize(
@@ -79,12 +79,58 @@ def test_weights_that_do_not_fit_the_config(tmp_path, tiny_cfg):
     Transformer(tiny_cfg).save(tmp_path / "a")
     Transformer(dataclasses.replace(tiny_cfg, d_ff=48)).save(tmp_path / "b")
     (tmp_path / "a" / WEIGHTS_FILE).write_bytes((tmp_path / "b" / WEIGHTS_FILE).read_bytes())
-    with pytest.raises(CheckpointError, match=r"ffn.w_1.weight has shape \(48, 16\)"):
+    with pytest.raises(CheckpointError, match=r"d_ff=32 but .*w_1.weight of shape \(48, 16\)"):
         Transformer.load(tmp_path / "a")
     Transformer(dataclasses.replace(tiny_cfg, n_layers=3)).save(tmp_path / "c")
     (tmp_path / "a" / WEIGHTS_FILE).write_bytes((tmp_path / "c" / WEIGHTS_FILE).read_bytes())
+    with pytest.raises(CheckpointError, match="n_layers=2 but model.safetensors holds 3 decoder"):
+        Transformer.load(tmp_path / "a")
+    # Sizes that do not scale an allocation are left to the full check after the build.
+    Transformer(dataclasses.replace(tiny_cfg, share_embeddings=False)).save(tmp_path / "d")
+    (tmp_path / "a" / WEIGHTS_FILE).write_bytes((tmp_path / "d" / WEIGHTS_FILE).read_bytes())
     with pytest.raises(CheckpointError, match="unexpected"):
         Transformer.load(tmp_path / "a")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("d_model", 1_000_000_000, "d_model=1000000000 but model.safetensors holds 16-wide"),
+        ("vocab_size", 10**12, "vocab_size=1000000000000 but model.safetensors holds 50 token"),
+        ("d_ff", 10**9, "d_ff=1000000000 but model.safetensors holds"),
+        ("n_layers", 10**9, "n_layers=1000000000 but model.safetensors holds 2 decoder layers"),
+    ],
+)
+def test_config_sizes_are_checked_against_the_weights_before_building(
+    tmp_path, tiny_cfg, capsys, monkeypatch, field, value, message
+):
+    """A config.json claiming a huge model is refused from the safetensors header alone."""
+    Transformer(tiny_cfg).save(tmp_path)
+    meta = json.loads((tmp_path / CONFIG_FILE).read_text())
+    meta["model"][field] = value
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(meta))
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the model was built before its sizes were checked")
+
+    monkeypatch.setitem(MODEL_CLASSES, "Transformer", no_build)
+    assert main(["info", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("aiayn info: error: ") and "\n" not in err
+    assert message in err, err
+
+
+def test_learned_positions_and_classes_are_checked_against_the_weights(tmp_path, tiny_cfg):
+    cfg = dataclasses.replace(tiny_cfg, positional="learned")
+    EncoderClassifier(cfg, n_classes=4).save(tmp_path)
+    meta = json.loads((tmp_path / CONFIG_FILE).read_text())
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({**meta, "extra": {"n_classes": 10**9}}))
+    with pytest.raises(CheckpointError, match="n_classes=1000000000 but .* for 4 classes"):
+        load_model_dir(tmp_path)
+    meta["model"]["max_len"] = 10**9
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"max_len=1000000000 .* shape \(64, 16\)"):
+        load_model_dir(tmp_path)
 
 
 def test_bad_config_json_value(tmp_path, tiny_cfg):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import random
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -247,3 +249,58 @@ def test_trained_copy_model_translates_a_file(tmp_path: Path, capsys: pytest.Cap
     assert main([*argv, "--beam", "1"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["bleu"]["score"] > 80 and result["exact_match"] >= 70
+
+
+def test_cli_refuses_to_write_over_its_input(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """`--output` that is `--input` (by name, symlink or hard link) would lose the input."""
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("haus\nkatze\n", encoding="utf-8")
+    ref.write_text("haus\nkatze\n", encoding="utf-8")
+    (tmp_path / "link.txt").symlink_to(src)
+    os.link(src, tmp_path / "hard.txt")
+    base = ["translate", "--model", str(model_dir), "--input", str(src), "--output"]
+    for output in (src, tmp_path / "link.txt", tmp_path / "hard.txt", tmp_path / "." / "src.txt"):
+        assert main([*base, str(output)]) == 2, output
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("aiayn translate: error: --output") and "\n" not in err
+        assert "is the input file" in err
+    evaluate = ["evaluate", "--model", str(model_dir), "--src", str(src), "--ref", str(ref)]
+    for hyps, flag in ((src, "--src"), (tmp_path / "link.txt", "--src"), (ref, "--ref")):
+        assert main([*evaluate, "--hyps", str(hyps)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"is the {flag} file" in err and "\n" not in err
+    assert src.read_text(encoding="utf-8") == ref.read_text(encoding="utf-8") == "haus\nkatze\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "hard.txt", "link.txt", "ref.txt", "src.txt"
+    ]  # fmt: skip
+    with src.open("rb") as stdin:  # `aiayn translate --output a.txt < a.txt`
+        proc = subprocess.run(
+            [sys.executable, "-m", "aiayn", "translate", "--model", str(model_dir),
+             "--output", str(src)],
+            stdin=stdin, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert proc.returncode == 2 and "is the input file" in proc.stderr, proc.stderr
+    assert src.read_text(encoding="utf-8") == "haus\nkatze\n"
+
+
+def test_cli_output_files_get_the_umask_or_keep_their_mode(model_dir: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("haus\n", encoding="utf-8")
+    old_umask = os.umask(0o022)
+    try:
+        fresh, kept, hyps = tmp_path / "fresh.txt", tmp_path / "kept.txt", tmp_path / "hyps.txt"
+        kept.write_text("old\n")
+        kept.chmod(0o640)
+        for output in (fresh, kept):
+            assert main(["translate", "--model", str(model_dir), "--input", str(src),
+                         "--output", str(output), "--max-len-b", "3"]) == 0  # fmt: skip
+        assert main(["evaluate", "--model", str(model_dir), "--src", str(src), "--ref", str(src),
+                     "--hyps", str(hyps), "--max-len-b", "3"]) == 0  # fmt: skip
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o644  # not mkstemp's 0600
+    assert stat.S_IMODE(hyps.stat().st_mode) == 0o644
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o640
+    assert kept.read_text(encoding="utf-8") == fresh.read_text(encoding="utf-8") != "old\n"

@@ -117,6 +117,24 @@ def test_cli_attend_writes_pngs_and_html(model_dir, tmp_path, capsys):
     assert "at least one sentence" in capsys.readouterr().err
 
 
+def test_cli_attend_refuses_a_file_as_out(model_dir, tmp_path, capsys):
+    """--out names a directory; an existing file there is one line of error, left untouched."""
+    taken = tmp_path / "pictures.png"
+    taken.write_bytes(b"mine")
+    for out, message in ((taken, "is an existing file"), (taken / "sub", "is a file, not a dir")):
+        assert main(["attend", "--model", str(model_dir), "a dog", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("aiayn attend: error: --out") and message in err, err
+        assert "\n" not in err and "Traceback" not in err
+    (tmp_path / "att").mkdir()
+    (tmp_path / "att" / "001").write_bytes(b"mine")  # where the second sentence's PNGs go
+    argv = ["attend", "--model", str(model_dir), "a dog", "a cat", "--max-len", "3"]
+    assert main([*argv, "--out", str(tmp_path / "att")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot write into --out" in err and "\n" not in err, err
+    assert taken.read_bytes() == (tmp_path / "att" / "001").read_bytes() == b"mine"
+
+
 @pytest.fixture(scope="module")
 def other_models(model_dir, tmp_path_factory):
     """An encoder-only classifier and a decoder-only LM sharing the tokenizer, saved."""

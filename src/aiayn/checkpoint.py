@@ -1,23 +1,24 @@
 """The model directory: `config.json` + `model.safetensors` (+ tokenizer, + training state).
 
 Nothing here uses pickle: weights are safetensors, everything else is JSON. Every file is
-written atomically (temporary file in the same directory, fsync, rename), so a kill at any
-moment leaves the previous good file in place.
+written atomically (`aiayn.atomic`: temporary file in the same directory, fsync, rename), so a
+kill at any moment leaves the previous good file in place.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+# train.py reaches atomic_write_json through this module too (checkpoint.atomic_write_json).
+from aiayn.atomic import atomic_write_bytes, atomic_write_json, fsync_dir
 from aiayn.config import RUN_CONFIG_FILE, ModelConfig, from_dict, to_dict
 from aiayn.errors import CheckpointError, ConfigError
 
@@ -28,31 +29,6 @@ FORMAT = "aiayn-model"
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write `data` to `path` so that readers see the old file or the new one, never a torn one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)  # make the rename itself durable
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
 def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -153,6 +129,68 @@ def check_state_dict(model: torch.nn.Module, tensors: dict[str, torch.Tensor], w
             raise CheckpointError(f"{where}: tensor {name} holds NaN or inf")
 
 
+def check_weights_header(path: Path, cfg: ModelConfig, extra: dict[str, Any]) -> None:
+    """Check the sizes in `config.json` against the safetensors header, reading no tensor.
+
+    Building a model allocates what the config says, so a config that claims d_model=10^9
+    would fail with an out-of-memory error (or worse, succeed slowly) before the weights are
+    ever compared. Here every size that scales an allocation (vocab_size, d_model, d_ff,
+    n_layers, a learned max_len, n_classes) must match a tensor in the file, so the model built
+    afterwards is no bigger than the weights on disk. `check_state_dict` checks every tensor
+    once the model exists.
+    """
+    try:
+        with safe_open(path, framework="pt") as f:
+            names = f.keys()  # a list; a safe_open handle itself is not iterable
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in names}
+    except FileNotFoundError:
+        raise CheckpointError(f"missing {path.name} in {path.parent}") from None
+    except (SafetensorError, ValueError, OSError) as e:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from None
+
+    def mismatch(field: str, value: object, holds: str) -> CheckpointError:
+        return CheckpointError(
+            f"{path.parent}: {CONFIG_FILE} says {field}={value} but {path.name} holds {holds}"
+        )
+
+    def ending(suffix: str) -> dict[str, tuple[int, ...]]:
+        return {n: s for n, s in shapes.items() if n.endswith(suffix)}
+
+    tokens, w_1 = ending(".tokens.weight"), ending(".ffn.w_1.weight")
+    if not tokens or not w_1:
+        raise CheckpointError(f"{path} holds no aiayn token embeddings or feed-forward layers")
+    for name, shape in tokens.items():
+        if len(shape) != 2:
+            raise CheckpointError(f"{path}: {name} has shape {shape}, not (vocab, d_model)")
+        if shape[1] != cfg.d_model:
+            raise mismatch("d_model", cfg.d_model, f"{shape[1]}-wide embeddings ({name})")
+        if shape[0] != cfg.vocab_size:
+            raise mismatch("vocab_size", cfg.vocab_size, f"{shape[0]} token embeddings ({name})")
+    for name, shape in w_1.items():
+        if shape != (cfg.d_ff, cfg.d_model):
+            raise mismatch("d_ff", cfg.d_ff, f"{name} of shape {shape}")
+    layers: dict[str, set[str]] = {}  # stack ("encoder", "decoder") -> layer indices
+    for name in shapes:
+        stack, _, rest = name.partition(".layers.")
+        if rest:
+            layers.setdefault(stack, set()).add(rest.split(".", 1)[0])
+    for stack, indices in sorted(layers.items()):
+        if len(indices) != cfg.n_layers:
+            raise mismatch("n_layers", cfg.n_layers, f"{len(indices)} {stack} layers")
+    if cfg.positional == "learned":
+        learned = ending(".learned.weight")
+        for name, shape in learned.items():
+            if shape != (cfg.max_len, cfg.d_model):
+                raise mismatch("max_len", cfg.max_len, f"{name} of shape {shape}")
+        if not learned:
+            raise mismatch("positional", "'learned'", "no learned position table")
+    n_classes = extra.get("n_classes")
+    if n_classes is not None:
+        got = shapes.get("classifier.weight", (None,))[0]
+        if got != n_classes:
+            raise mismatch("n_classes", n_classes, f"a classifier for {got} classes")
+
+
 def load_model_dir(directory: str | Path, map_location: str | torch.device = "cpu") -> _ModelBase:
     """Rebuild the model described by `config.json` and load its weights, checking every tensor."""
     from aiayn.model import MODEL_CLASSES
@@ -164,6 +202,7 @@ def load_model_dir(directory: str | Path, map_location: str | torch.device = "cp
     if arch not in MODEL_CLASSES:
         raise CheckpointError(f"{directory}: unknown architecture {arch!r}")
     extra = meta.get("extra") or {}
+    check_weights_header(directory / WEIGHTS_FILE, cfg, extra)  # before anything is allocated
     try:
         model = MODEL_CLASSES[arch](cfg, **extra)
     except (TypeError, ValueError) as e:
@@ -222,14 +261,6 @@ def load_optimizer_tensors(
         raise CheckpointError(f"{where}: bad optimizer state: {e}") from None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(
     run_dir: str | Path,
     model: _ModelBase,
@@ -254,7 +285,7 @@ def save_checkpoint(
     if final.exists():  # the same step saved twice (e.g. interrupted right after a save)
         _remove_dir(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     return final
 
 
@@ -266,7 +297,7 @@ def _remove_dir(path: Path) -> None:
     trash = path.with_name(f".trash_{path.name}")
     shutil.rmtree(trash, ignore_errors=True)
     os.replace(path, trash)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     shutil.rmtree(trash, ignore_errors=True)
 
 

@@ -169,10 +169,19 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
 
 def _run_translate(args: argparse.Namespace) -> int:
     import os
-    import tempfile
 
+    from aiayn.atomic import atomic_open_text, same_file
     from aiayn.translate import translate_to
 
+    if args.output is not None:  # checked before the model loads
+        # `--input a.txt --output a.txt` (or `< a.txt`) would replace the text with its
+        # translation; /dev/stdin names whatever stdin is, a file included.
+        if same_file(args.input or Path("/dev/stdin"), args.output):
+            raise AiaynError(
+                f"--output {args.output} is the input file; it would be replaced by its translation"
+            )
+        if args.output.is_dir():
+            raise AiaynError(f"--output {args.output} is a directory; give a file name")
     translator, cfg = _decode_setup(args)
     interactive = args.input is None and sys.stdin.isatty()
     buffer_size = args.buffer_size or (1 if interactive else 1024)
@@ -183,14 +192,8 @@ def _run_translate(args: argparse.Namespace) -> int:
         except BrokenPipeError:  # the reader left early (`| head`): stop quietly
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=args.output.parent, prefix=f".{args.output.name}.")
-    try:  # a failed run leaves no half-written output behind
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            translate_to(translator, cfg, out, args.input, **kw)
-        os.replace(tmp, args.output)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with atomic_open_text(args.output) as out:  # a failed run leaves no half-written output
+        translate_to(translator, cfg, out, args.input, **kw)
     return 0
 
 
@@ -204,13 +207,20 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
+    from aiayn.atomic import atomic_write_text, same_file
     from aiayn.translate import evaluate_files
 
+    if args.hyps is not None:  # checked before the model loads
+        for flag, path in (("--src", args.src), ("--ref", args.ref)):
+            if same_file(path, args.hyps):
+                raise AiaynError(f"--hyps {args.hyps} is the {flag} file; it would be overwritten")
+        if args.hyps.is_dir():
+            raise AiaynError(f"--hyps {args.hyps} is a directory; give a file name")
     translator, cfg = _decode_setup(args)
     result = evaluate_files(translator, cfg, args.src, args.ref, batch_tokens=args.batch_tokens)
     hyps = result.pop("hypotheses")
     if args.hyps is not None:
-        args.hyps.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        atomic_write_text(args.hyps, "".join(h + "\n" for h in hyps))
     if args.json:
         print(json.dumps(result))
         return 0
@@ -269,9 +279,11 @@ def _run_explain(args: argparse.Namespace) -> int:
                                 top_k=args.top_k, max_len=args.max_len, beam=args.beam,
                                 alpha=args.alpha, device=args.device)  # fmt: skip
     if args.out:
-        from aiayn.checkpoint import atomic_write_bytes
+        from aiayn.atomic import atomic_write_text
 
-        atomic_write_bytes(args.out, report.encode("utf-8"))
+        if args.out.is_dir():
+            raise AiaynError(f"--out {args.out} is a directory; give a file name")
+        atomic_write_text(args.out, report)
         print(f"wrote {args.out}")
     else:
         sys.stdout.write(report)
@@ -291,12 +303,24 @@ def _add_attend(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_attend(args: argparse.Namespace) -> int:
-    from aiayn.checkpoint import atomic_write_bytes, load_model_dir
+    import io
+
+    from aiayn.atomic import atomic_write_bytes, atomic_write_text
+    from aiayn.checkpoint import load_model_dir
     from aiayn.device import resolve_device
     from aiayn.tokenizer import Tokenizer
     from aiayn.viz import attention_figures, attention_for_model
     from aiayn.viz_html import attention_page
 
+    # --out must be (or become) a directory: say so now, not after the model has run.
+    existing = next(p for p in (args.out, *args.out.parents) if p.exists())
+    if existing == args.out and not existing.is_dir():
+        raise AiaynError(
+            f"--out {args.out} is an existing file; attend writes a directory "
+            "(PNGs and attention.html)"
+        )
+    if not existing.is_dir():
+        raise AiaynError(f"--out {args.out}: {existing} is a file, not a directory")
     sentences = list(args.sentences)
     if args.input:
         sentences += [s for s in args.input.read_text(encoding="utf-8").splitlines() if s.strip()]
@@ -305,14 +329,19 @@ def _run_attend(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model, tok = load_model_dir(args.model, device), Tokenizer.load(args.model)
     examples = attention_for_model(model, tok, sentences, args.max_len)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for i, ex in enumerate(examples):
-        sub = args.out / (f"{i:03d}" if len(examples) > 1 else "")
-        sub.mkdir(parents=True, exist_ok=True)
-        for name, fig in attention_figures(ex).items():
-            fig.savefig(sub / name, dpi=110)
-        print(f"{sentences[i]} -> {ex.translation or '(input only)'}  ({sub}/*.png)")
-    atomic_write_bytes(args.out / "attention.html", attention_page(examples).encode("utf-8"))
+    try:
+        for i, ex in enumerate(examples):
+            sub = args.out / (f"{i:03d}" if len(examples) > 1 else "")
+            for name, fig in attention_figures(ex).items():
+                png = io.BytesIO()
+                fig.savefig(png, format="png", dpi=110)
+                atomic_write_bytes(sub / name, png.getvalue())
+            print(f"{sentences[i]} -> {ex.translation or '(input only)'}  ({sub}/*.png)")
+        atomic_write_text(args.out / "attention.html", attention_page(examples))
+    except (FileExistsError, NotADirectoryError) as e:  # e.g. a file named 000 in --out
+        raise AiaynError(
+            f"cannot write into --out {args.out}: {e.strerror}: {e.filename}"
+        ) from None
     print(f"interactive view: {args.out / 'attention.html'}")
     return 0
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aiayn.checkpoint import atomic_write_json
+from aiayn.atomic import atomic_write_json, atomic_write_text
 from aiayn.config import Config, DecodeConfig, ModelConfig, TrainConfig
 
 log = logging.getLogger(__name__)
@@ -115,9 +115,9 @@ def run_quickstart(
     ref = (data_dir / "test.de").read_text(encoding="utf-8").splitlines()
     hyps = translator.translate(src, beam=1)
     bleu, chrf = metrics.bleu(hyps, ref), metrics.chrf(hyps, ref)
-    (out / "translations.txt").write_text(
+    atomic_write_text(
+        out / "translations.txt",
         "".join(f"{s}\t{r}\t{h}\n" for s, r, h in zip(src, ref, hyps, strict=True)),
-        encoding="utf-8",
     )
 
     example = attention_for_translations(translator.model, translator.tokenizer, [SHOWCASE])[0]

@@ -37,6 +37,7 @@ from babel import Locale
 from babel.dates import format_date
 from num2words import CONVERTER_CLASSES
 
+from aiayn.atomic import atomic_write_text
 from aiayn.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -296,8 +297,6 @@ def write_corpus(
     import importlib.metadata as md
     import json
 
-    from aiayn.checkpoint import atomic_write_bytes  # lazy: pulls in torch
-
     check_language(src)
     check_language(tgt)
     if src == tgt:
@@ -310,7 +309,7 @@ def write_corpus(
             continue
         paths = (out_dir / f"{split}.{src}", out_dir / f"{split}.{tgt}")
         for path, side in zip(paths, zip(*pairs, strict=True), strict=True):
-            atomic_write_bytes(path, ("\n".join(side) + "\n").encode("utf-8"))
+            atomic_write_text(path, "\n".join(side) + "\n")
         written[split] = (*paths, len(pairs))
     manifest = {
         "task": task,
@@ -320,5 +319,5 @@ def write_corpus(
         "pairs": {s: w[2] for s, w in written.items()},
         "versions": {p: md.version(p) for p in ("num2words", "babel")},
     }
-    atomic_write_bytes(out_dir / "synth.json", (json.dumps(manifest, indent=2) + "\n").encode())
+    atomic_write_text(out_dir / "synth.json", json.dumps(manifest, indent=2) + "\n")
     return written

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from aiayn.checkpoint import atomic_write_bytes
+from aiayn.atomic import atomic_write_bytes
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from aiayn.errors import CheckpointError, DataError
 

@@ -1,0 +1,117 @@
+"""Atomic file writes: readers see the old file or the new one, never a torn one.
+
+Every file aiayn writes (weights, configs, corpora, translations, reports) goes through here:
+write a temporary file in the same directory, flush and fsync it, rename it over the target,
+then fsync the directory so that the rename itself survives a crash. If anything fails on the
+way, the temporary file is removed and the old file is left as it was.
+
+Permissions follow what a plain `open(path, "w")` would give: a new file gets
+`0o666 & ~umask`, and a replaced file keeps its mode. (`tempfile.mkstemp` would give 0600.)
+
+A leaf module: it imports nothing from aiayn, so anything may use it without pulling in torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, TextIO, cast
+
+
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """Open a new, empty temporary file beside `path`; return its descriptor and name.
+
+    `os.open(..., 0o666)` with O_EXCL lets the kernel apply the umask, as it does for any new
+    file, without reading the umask (`os.umask` can only be read by setting it, which is racy
+    when threads are running).
+    """
+    stem = path.name[:200]  # leave room for the suffix under the usual 255-byte name limit
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = path.with_name(f".{stem}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:  # a random name taken: vanishingly rare, try another
+            continue
+    raise FileExistsError(f"could not create a temporary file beside {path}")
+
+
+def _keep_mode(fd: int, path: Path) -> None:
+    """Give the temporary file the mode of the file it is about to replace, if there is one."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(st.st_mode):
+        # Permission bits only: set-id bits would be a surprise on freshly written content.
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o777)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename inside `directory` durable (POSIX: the directory entry is data too)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _atomic_file(path: str | Path, mode: str, **open_kw: Any) -> Iterator[IO[Any]]:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = _create_temp(path)
+    try:
+        _keep_mode(fd, path)
+        with os.fdopen(fd, mode, **open_kw) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # including KeyboardInterrupt: never leave a stray temporary file
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+@contextmanager
+def atomic_open_text(path: str | Path, encoding: str = "utf-8") -> Iterator[TextIO]:
+    """Stream text into `path`; it appears (or is replaced) only when the block ends cleanly.
+
+        with atomic_open_text(out_path) as out:
+            for line in lines:
+                out.write(line + "\\n")
+
+    An exception inside the block removes the partial file and leaves any old `path` untouched.
+    """
+    with _atomic_file(path, "w", encoding=encoding) as f:
+        yield cast(TextIO, f)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write `data` to `path` so that readers see the old file or the new one, never a torn one."""
+    with _atomic_file(path, "wb") as f:
+        f.write(data)
+
+
+def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> None:
+    atomic_write_bytes(path, text.encode(encoding))
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    """Pretty, key-sorted JSON with a final newline (diff-friendly)."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one file: through symlinks and hard links when both exist
+    (same device and inode), else by their resolved paths."""
+    try:
+        return os.path.samestat(os.stat(a), os.stat(b))
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
