@@ -31,3 +31,14 @@ def multi30k_dir():
     if not os.path.isdir(MULTI30K):
         pytest.skip(f"Multi30k not found at {MULTI30K} (shared data absent)")
     return MULTI30K
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` run where a GPU is, and say why they skip where there is none."""
+    if torch.cuda.is_available():
+        return
+    build = "a CPU-only torch build" if torch.version.cuda is None else "no GPU visible"
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU ({build})")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)

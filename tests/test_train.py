@@ -262,7 +262,9 @@ def test_torchrun_two_ranks_match_one_process_with_the_same_global_batch(corpus,
 
     sets = {**corpus, "train.max_steps": 6, "train.log_every": 1, "model.dropout": 0.0}
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
-    base = ["-m", "aiayn", "train", "--config", str(CONFIGS / "tiny_copy.toml"), "--no-progress"]
+    # CPU ranks on purpose (gloo): on a GPU machine "auto" would pick NCCL and one GPU per rank.
+    base = ["-m", "aiayn", "train", "--config", str(CONFIGS / "tiny_copy.toml"), "--no-progress",
+            "--device", "cpu"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     ddp = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            *base]
@@ -377,7 +379,8 @@ def test_torchrun_resume_is_bit_identical(corpus, tmp_path):
     import sys
 
     base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            "-m", "aiayn", "train", "--config", str(CONFIGS / "tiny_copy.toml"), "--no-progress"]
+            "-m", "aiayn", "train", "--config", str(CONFIGS / "tiny_copy.toml"), "--no-progress",
+            "--device", "cpu"]  # gloo on CPU ranks, also where a GPU is
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     sets = [a for k, v in corpus.items() for a in ("--set", f"{k}={v}")]
     for out, steps in (("a", 6), ("b", 3), ("b", 6)):

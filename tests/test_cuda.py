@@ -1,0 +1,162 @@
+"""On a CUDA GPU: the same oracles as on the CPU (nn.Transformer parity, cache == no cache,
+CPU == GPU, exact resume, identical translations) and a torchrun NCCL run.
+
+Every test here is marked `cuda` and skips, saying why, where there is no GPU (conftest.py).
+Parity is checked in strict fp32: TF32 off, since TF32 matmuls keep 10 mantissa bits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_model import copy_layer, layer_cfg, random_batch
+from test_train import CONFIGS, tiny, write_copy_corpus
+from torch import nn
+
+from aiayn.checkpoint import list_checkpoints, load_tensors
+from aiayn.cli import main
+from aiayn.model import Transformer
+from aiayn.train import train
+
+pytestmark = pytest.mark.cuda
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(autouse=True)
+def _strict_fp32():
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.backends.mha.set_fastpath_enabled(False)  # the oracle is nn's documented math path
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+    torch.backends.mha.set_fastpath_enabled(True)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_copy_corpus(tmp_path_factory.mktemp("copy"))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_stack_matches_nn_transformer_on_cuda(norm_first):
+    torch.manual_seed(5)
+    ref = nn.Transformer(16, 4, 2, 2, 24, dropout=0.0, batch_first=True, norm_first=norm_first)
+    if not norm_first:  # the paper's post-LN has no final norms
+        ref.encoder.norm = ref.decoder.norm = None
+    ours = Transformer(layer_cfg(norm_first))
+    for r, o in zip([*ref.encoder.layers, *ref.decoder.layers],
+                    [*ours.encoder.layers, *ours.decoder.layers], strict=True):  # fmt: skip
+        copy_layer(r, o)
+    if norm_first:
+        ours.encoder.norm.load_state_dict(ref.encoder.norm.state_dict())
+        ours.decoder.norm.load_state_dict(ref.decoder.norm.state_dict())
+    ref, ours = ref.cuda().eval(), ours.cuda().eval()
+    x, y = torch.randn(2, 7, 16, device="cuda"), torch.randn(2, 5, 16, device="cuda")
+    keep_BS = torch.ones(2, 7, dtype=torch.bool, device="cuda")
+    keep_BS[0, 5:] = False
+    expected = ref(x, y, tgt_mask=nn.Transformer.generate_square_subsequent_mask(5, device="cuda"),
+                   src_key_padding_mask=~keep_BS, memory_key_padding_mask=~keep_BS,
+                   tgt_is_causal=True)  # fmt: skip
+    mem, _ = ours.encoder(x, keep_BS[:, None, None, :])
+    got, _, _ = ours.decoder(y, mem, keep_BS[:, None, None, :])
+    torch.testing.assert_close(got, expected, **TOL)
+
+
+def test_cpu_and_gpu_give_the_same_logits_and_the_cache_changes_nothing(tiny_cfg):
+    torch.manual_seed(10)
+    cpu = Transformer(tiny_cfg).eval()
+    gpu = Transformer(tiny_cfg).cuda().eval()
+    gpu.load_state_dict(cpu.state_dict())
+    src, tgt = random_batch(tiny_cfg)
+    tgt[1] = 5  # no PAD in the fed prefix
+    with torch.no_grad():
+        full = gpu(src.cuda(), tgt.cuda())
+        torch.testing.assert_close(full.cpu(), cpu(src, tgt), **TOL)
+        memory = gpu.encode(src.cuda())
+        cache = gpu.init_cache(memory, capacity=tgt.size(1))
+        steps = []
+        for t in range(tgt.size(1)):
+            logits, cache = gpu.decode_step(tgt[:, t : t + 1].cuda(), memory, cache)
+            steps.append(logits)
+    torch.testing.assert_close(torch.stack(steps, 1), full, **TOL)
+
+
+def test_resume_on_the_gpu_is_bit_identical(corpus, tmp_path):
+    """30 steps straight == 15, stop, resume, 15 more, on the GPU with dropout on: the CUDA
+    generator is saved and restored, and deterministic kernels make the two runs comparable."""
+    over = {"train.valid_every": 10, "train.save_every": 7, "train.log_every": 5,
+            "train.device": "cuda", "train.deterministic": "true"}  # fmt: skip
+    straight = train(tiny(corpus, tmp_path / "a", **over, **{"train.max_steps": 30}),
+                     progress=False)  # fmt: skip
+    train(tiny(corpus, tmp_path / "b", **over, **{"train.max_steps": 15}), progress=False)
+    second = train(tiny(corpus, tmp_path / "b", **over, **{"train.max_steps": 30}),
+                   progress=False)  # fmt: skip
+    assert straight.train_loss == second.train_loss
+    a = load_tensors(list_checkpoints(tmp_path / "a")[-1] / "model.safetensors")
+    b = load_tensors(list_checkpoints(tmp_path / "b")[-1] / "model.safetensors")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert "rng.cuda" in load_tensors(list_checkpoints(tmp_path / "b")[-1]
+                                      / "optimizer.safetensors")  # fmt: skip
+
+
+def test_a_run_saved_on_the_gpu_resumes_on_the_cpu(corpus, tmp_path):
+    out = tmp_path / "run"
+    train(tiny(corpus, out, **{"train.max_steps": 4, "train.device": "cuda"}), progress=False)
+    result = train(tiny(corpus, out, **{"train.max_steps": 8, "train.device": "cpu"}),
+                   progress=False)  # fmt: skip
+    assert result.step == 8
+
+
+def test_translate_on_the_gpu_prints_the_cpu_lines(corpus, tmp_path):
+    """A trained model, greedy and beam 4, in strict fp32: identical lines on both devices."""
+    out = tmp_path / "run"
+    train(tiny(corpus, out, **{"train.max_steps": 200, "train.device": "cuda"}), progress=False)
+    src = Path(corpus["train.valid_src"])
+    for beam in ("1", "4"):
+        lines = {}
+        for device in ("cpu", "cuda"):
+            hyp = tmp_path / f"{device}{beam}.txt"
+            assert main(["translate", "--model", str(out), "--input", str(src), "--output",
+                         str(hyp), "--device", device, "--dtype", "fp32", "--beam", beam]) == 0
+            lines[device] = hyp.read_text().splitlines()
+        assert lines["cuda"] == lines["cpu"]
+
+
+def test_explain_and_attend_run_on_the_gpu(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    train(tiny(corpus, out, **{"train.max_steps": 50, "train.device": "cuda"}), progress=False)
+    traces = {}
+    for device in ("cpu", "cuda"):
+        assert main(["explain", "--model", str(out), "a b c", "--format", "json", "--beam", "2",
+                     "--device", device]) == 0  # fmt: skip
+        traces[device] = json.loads(capsys.readouterr().out)
+    assert traces["cuda"]["translation"] == traces["cpu"]["translation"]
+    assert main(["attend", "--model", str(out), "a b c", "--out", str(tmp_path / "pics"),
+                 "--device", "cuda"]) == 0  # fmt: skip
+    assert (tmp_path / "pics" / "attention.html").is_file()
+
+
+def test_torchrun_on_nccl(corpus, tmp_path):
+    """One rank per GPU (at most 2), NCCL: the run trains, and rank 0 records the device."""
+    ranks = min(2, torch.cuda.device_count())
+    sets = {**corpus, "train.max_steps": 6, "train.log_every": 1,
+            "train.out_dir": str(tmp_path / "run")}  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={ranks}", "-m", "aiayn", "train", "--config",
+           str(CONFIGS / "tiny_copy.toml"), "--no-progress", "--device", "cuda",
+           *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]  # fmt: skip
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runtime = json.loads((tmp_path / "run" / "run_config.json").read_text())["runtime"]
+    assert runtime["device"] == "cuda:0" and runtime["world_size"] == ranks
+    losses = [r["loss"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl")
+                                     .read_text().splitlines()) if "loss" in r]  # fmt: skip
+    assert len(losses) == 6 and losses[-1] < losses[0]
