@@ -21,9 +21,9 @@ from aiayn.device import (
     native_bf16,
     resolve_device,
 )
+from aiayn.distributed import Dist, all_sum, reduce_tensor
 from aiayn.errors import ConfigError
 from aiayn.train import train
-from aiayn.train_state import Dist, all_sum, reduce_tensor
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 CPU = torch.device("cpu")
@@ -158,7 +158,7 @@ def test_a_run_saved_with_a_gpu_generator_resumes_on_the_cpu(tmp_path, caplog):
     tensors = load_tensors(ckpt / "optimizer.safetensors")  # add what a GPU run also saves
     tensors["rng.cuda"] = torch.zeros(16, dtype=torch.uint8)
     save_tensors(ckpt / "optimizer.safetensors", tensors)
-    with caplog.at_level(logging.INFO, logger="aiayn.train_state"):
+    with caplog.at_level(logging.INFO, logger="aiayn.checkpoint"):
         result = train(load_config(CONFIGS / "tiny_copy.toml", [*sets, "train.max_steps=4"]),
                        progress=False)  # fmt: skip
     assert result.step == 4

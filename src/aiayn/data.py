@@ -8,6 +8,8 @@ The path a sentence pair takes:
     batch_plan(examples, ...)    index lists whose padded size B * max_len fits `max_tokens`
     collate(examples, indices)   a padded `Batch` (src = ids + EOS, tgt_in = BOS + ids,
                                  tgt_out = ids + EOS)
+    load_data / StepLoader       a training run's corpora, and each optimizer step's share
+                                 of batches for this rank
 
 Errors a user can cause (different line counts, invalid UTF-8, an empty file) are `DataError`s
 with one-line messages. Filtering never shifts alignment: line i of the source is only ever
@@ -27,8 +29,9 @@ from typing import BinaryIO
 import torch
 from torch import Tensor
 
-from aiayn.config import BOS_ID, EOS_ID, PAD_ID
-from aiayn.errors import DataError
+from aiayn.config import BOS_ID, EOS_ID, PAD_ID, TrainConfig
+from aiayn.distributed import Dist
+from aiayn.errors import ConfigError, DataError
 from aiayn.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -297,3 +300,82 @@ def padding_efficiency(examples: Sequence[Example], plan: Sequence[Sequence[int]
         real += sum(s) + sum(t)
         padded += len(idx) * (max(s) + max(t))
     return real / padded if padded else 1.0
+
+
+# --- the data a training run sees ---------------------------------------------------------------
+
+
+@dataclass
+class RunData:
+    train: list[Example]
+    valid: list[Example]
+    valid_refs: list[str]  # target text of the validation pairs, for BLEU
+
+
+def load_data(tc: TrainConfig, tok: Tokenizer, d: Dist) -> RunData:
+    """Read, check and encode the training and validation corpora; report what was dropped."""
+    if not tc.src:
+        raise ConfigError("train.src is empty: give a training corpus (two files or a TSV)")
+    stats = DataStats()
+    train = encode_pairs(read_parallel(tc.src, tc.tgt or None, stats), tok, tc.max_len, stats)
+    _report(stats, "train", d)
+    valid: list[Example] = []
+    refs: list[str] = []
+    if tc.valid_src:
+        vstats = DataStats()
+        pairs = list(read_parallel(tc.valid_src, tc.valid_tgt or None, vstats))
+        kept: list[int] = []
+        valid = encode_pairs(pairs, tok, tc.max_len, vstats, kept=kept)
+        refs = [pairs[i][1] for i in kept]
+        _report(vstats, "valid", d)
+    if not train:
+        raise ConfigError(f"no training pairs left after filtering {tc.src}")
+    return RunData(train, valid, refs)
+
+
+def _report(stats: DataStats, name: str, d: Dist) -> None:
+    if d.main:
+        (log.warning if stats.dropped else log.info)(stats.report(name))
+
+
+class StepLoader:
+    """Hands out, per optimizer step, this rank's micro-batches and the step's target tokens.
+
+    One step consumes accum_steps × world batches of the epoch's plan; rank r takes every
+    world-th of them. The plan depends only on (seed, epoch), so (epoch, batch_in_epoch), as
+    a run's `TrainState` keeps them, is a complete data position. A remainder shorter than one
+    step is skipped and the epoch ends at once, so the epoch always counts finished epochs.
+    """
+
+    def __init__(self, data: list[Example], tc: TrainConfig, d: Dist) -> None:
+        self.data, self.tc, self.d = data, tc, d
+        self.per_step = tc.accum_steps * d.world
+        self._plan: tuple[int, list[list[int]]] = (-1, [])
+
+    def plan(self, epoch: int) -> list[list[int]]:
+        if self._plan[0] != epoch:
+            plan = batch_plan(self.data, self.tc.max_tokens, seed=self.tc.seed, epoch=epoch)
+            if len(plan) < self.per_step:
+                raise ConfigError(
+                    f"one step needs {self.per_step} batches but an epoch has {len(plan)}; "
+                    "lower train.max_tokens or train.accum_steps"
+                )
+            if self.d.main:
+                log.info(
+                    "epoch %d: %d batches, padding efficiency %.1f%%",
+                    epoch + 1, len(plan), 100 * padding_efficiency(self.data, plan),
+                )
+            self._plan = (epoch, plan)
+        return self._plan[1]
+
+    def next_step(
+        self, epoch: int, batch_in_epoch: int
+    ) -> tuple[list[list[int]], int, tuple[int, int]]:
+        """This rank's batches of the step at (epoch, batch_in_epoch), the step's target tokens
+        over all ranks, and the data position after the step."""
+        plan = self.plan(epoch)
+        chunk = plan[batch_in_epoch : batch_in_epoch + self.per_step]
+        tokens = sum(len(self.data[i].tgt) + 1 for idx in chunk for i in idx)
+        after = batch_in_epoch + self.per_step
+        position = (epoch + 1, 0) if after + self.per_step > len(plan) else (epoch, after)
+        return chunk[self.d.rank :: self.d.world], tokens, position

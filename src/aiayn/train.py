@@ -30,35 +30,31 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn import checkpoint as ckpt_io
-from aiayn.config import Config, TrainConfig, to_dict
-from aiayn.data import (
-    Batch,
-    Example,
-    batch_plan,
-    collate,
-)
-from aiayn.device import Precision, choose_precision
-from aiayn.errors import ConfigError
-from aiayn.model import Transformer
-from aiayn.tokenizer import Tokenizer
-from aiayn.train_state import (
+from aiayn.checkpoint import (
     METRICS_FILE,
-    RUN_CONFIG_FILE,
-    Dist,
-    RunData,
-    StepLoader,
     TrainState,
-    all_sum,
     check_resumable,
     data_fingerprint,
     find_resume,
-    init_distributed,
-    load_data,
-    prepare_tokenizer,
     restore_checkpoint,
     rng_tensors,
-    stop_on_signals,
 )
+from aiayn.config import RUN_CONFIG_FILE, Config, TrainConfig, to_dict
+from aiayn.data import (
+    Batch,
+    Example,
+    RunData,
+    StepLoader,
+    batch_plan,
+    collate,
+    load_data,
+    read_parallel,
+)
+from aiayn.device import Precision, choose_precision
+from aiayn.distributed import Dist, all_sum, init_distributed, stop_on_signals
+from aiayn.errors import ConfigError
+from aiayn.model import Transformer
+from aiayn.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +195,31 @@ def train_step(
         torch.nn.utils.clip_grad_norm_(net.parameters(), tc.clip_norm)
     opt.step()
     return totals
+
+
+# --- the tokenizer of a run -------------------------------------------------------------------
+
+
+def prepare_tokenizer(cfg: Config, out: Path, resume: Path | None, given: Tokenizer | None,
+               d: Dist) -> Tokenizer:
+    """The run's tokenizer: reloaded on resume, else given or trained on the training text."""
+    if resume is not None:
+        return Tokenizer.load(out)
+    if d.main:
+        tok = given
+        if tok is None:
+            tc = cfg.train
+            if not tc.src:
+                raise ConfigError("train.src is empty: give a training corpus (two files or a TSV)")
+            texts = (side for pair in read_parallel(tc.src, tc.tgt or None) for side in pair)
+            log.info("training a %d-piece %s tokenizer on %s", tc.vocab_size, tc.spm_model_type,
+                     tc.src)
+            tok = Tokenizer.train(texts, tc.vocab_size, tc.spm_model_type)
+        out.mkdir(parents=True, exist_ok=True)
+        tok.save(out)
+    if d.world > 1:
+        dist.barrier()
+    return tok if d.main else Tokenizer.load(out)  # type: ignore[return-value]
 
 
 # --- the loop ------------------------------------------------------------------------------------
@@ -401,7 +422,9 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
             if d.world > 1:  # each rank its own dropout masks, a pure function of (rank, step),
                 # so a multi-rank resume is exact without gathering every rank's RNG state
                 torch.manual_seed(tc.seed + 7919 * d.rank + 104729 * state.step)
-            chunk, tokens = loader.next_step(state)
+            chunk, tokens, (state.epoch, state.batch_in_epoch) = loader.next_step(
+                state.epoch, state.batch_in_epoch
+            )
             batches = [collate(data.train, idx).to(d.device) for idx in chunk]
             totals = train_step(net, opt, batches, tokens=tokens, lr=lr, pad_id=cfg.model.pad_id,
                                 tc=tc, d=d, precision=precision)
