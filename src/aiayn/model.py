@@ -324,12 +324,16 @@ class _ModelBase(nn.Module):
         Embeddings get N(0, d_model^-0.5) so that, multiplied by sqrt(d_model), they start at
         unit scale like the sinusoids (the tensor2tensor/fairseq choice for tied embeddings).
         """
+        # in_proj packs [W^Q; W^K; W^V] into one (3 d_model, d_model) Linear. Each block is its
+        # own d_model x d_model projection, so each gets Xavier's bound sqrt(6 / (2 d_model)),
+        # not the packed matrix's sqrt(6 / (4 d_model)); the generic Linear branch skips it.
+        packed = {id(m.in_proj) for m in self.modules() if isinstance(m, MultiHeadAttention)}
         for module in self.modules():
             if isinstance(module, MultiHeadAttention):
                 for w in module.in_proj.weight.chunk(3, dim=0):  # W^Q, W^K, W^V separately
                     nn.init.xavier_uniform_(w)
                 nn.init.zeros_(module.in_proj.bias)
-            elif isinstance(module, nn.Linear):
+            elif isinstance(module, nn.Linear) and id(module) not in packed:
                 nn.init.xavier_uniform_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
