@@ -132,6 +132,8 @@ def test_copy_task_learns_and_writes_a_model_directory(corpus, tmp_path):
     assert valid_recs[-1]["valid_ppl"] < 0.5 * valid_recs[0]["valid_ppl"]
     assert valid_recs[-1]["valid_ppl"] < 3.0  # log(12) letters would be ppl ~ 12 untrained
     assert valid_recs[-1]["valid_bleu"] > 50  # sacreBLEU of greedy copies
+    assert 0.5 < valid_recs[-1]["valid_length_ratio"] < 1.5  # copies: about as long as the refs
+    assert 0.0 < valid_recs[-1]["valid_bp"] <= 1.0
     assert result.best == max(r["valid_bleu"] for r in valid_recs)  # best_metric = "bleu"
     model = Transformer.load(out)  # the run directory is a model directory
     assert Tokenizer.load(out).vocab_size == model.cfg.vocab_size

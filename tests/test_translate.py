@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import os
 import random
 import stat
@@ -98,6 +99,12 @@ def test_metrics() -> None:
     assert exact_match(["a dog ", "x"], ["a dog", "y"]) == 50.0
     with pytest.raises(DataError):
         bleu(["a"], ["a", "b"])
+    same = bleu(refs, refs)
+    assert same.length_ratio == 1.0 and same.brevity_penalty == 1.0
+    short = bleu(["the cat sat", "a dog"], refs)  # 5 of 8 reference words
+    assert short.length_ratio == pytest.approx(5 / 8)
+    assert short.brevity_penalty == pytest.approx(math.exp(1 - 8 / 5))
+    assert chrf(refs, refs).length_ratio is None
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -141,7 +148,9 @@ def test_cli_evaluate_json(model_dir: Path, tmp_path: Path, capsys: pytest.Captu
     base = ["evaluate", "--model", str(model_dir), "--src", str(src), "--ref", str(ref)]
     assert main([*base, "--beam", "2", "--json", "--max-len-b", "5"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(result) >= {"bleu", "chrf", "exact_match", "sentences"}
+    assert set(result) >= {"bleu", "chrf", "exact_match", "sentences", "length_ratio",
+                           "brevity_penalty"}  # fmt: skip
+    assert isinstance(result["length_ratio"], float) and 0 < result["brevity_penalty"] <= 1
     assert result["bleu"]["signature"].startswith("nrefs:1|")
     assert result["sentences"] == 6
     assert main([*base, "--beam", "1", "--max-len-b", "5"]) == 0

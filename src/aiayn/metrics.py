@@ -25,6 +25,10 @@ class Score:
     score: float  # 0..100
     signature: str  # e.g. nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0
     text: str  # e.g. BLEU = 53.73 83.3/60.0/50.0/33.3 (BP = 1.000 ratio = 1.000 ...)
+    # BLEU only: hypothesis / reference length (in BLEU's tokens) and the brevity penalty,
+    # exp(1 - 1 / ratio) below 1: the share of the score lost to short translations.
+    length_ratio: float | None = None
+    brevity_penalty: float | None = None
 
     def to_dict(self) -> dict[str, str | float]:
         return dataclasses.asdict(self)
@@ -42,7 +46,9 @@ def bleu(hyps: Sequence[str], refs: Sequence[str]) -> Score:
     _check(hyps, refs)
     metric = BLEU()
     result = metric.corpus_score(list(hyps), [list(refs)])
-    return Score("BLEU", float(result.score), str(metric.get_signature()), str(result))
+    ratio = result.sys_len / result.ref_len if result.ref_len else 0.0
+    return Score("BLEU", float(result.score), str(metric.get_signature()), str(result),
+                 ratio, float(result.bp))  # fmt: skip
 
 
 def chrf(hyps: Sequence[str], refs: Sequence[str]) -> Score:

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn import checkpoint as ckpt_io
+from aiayn import metrics
 from aiayn.checkpoint import (
     METRICS_FILE,
     TrainState,
@@ -53,6 +54,7 @@ from aiayn.data import (
 from aiayn.device import Precision, choose_precision
 from aiayn.distributed import Dist, all_sum, init_distributed, stop_on_signals
 from aiayn.errors import ConfigError
+from aiayn.metrics import Score
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
 
@@ -146,10 +148,8 @@ def validate(
 def validation_bleu(
     model: Transformer, tok: Tokenizer, data: list[Example], refs: list[str], n: int,
     precision: Precision,
-) -> float:
+) -> Score:
     """Corpus BLEU (sacreBLEU, detokenized) of greedy translations of the first `n` pairs."""
-    import sacrebleu
-
     from aiayn.decode import greedy_decode
 
     hyps: list[str] = []
@@ -158,7 +158,7 @@ def validation_bleu(
         with precision.autocast():
             ids = greedy_decode(model, collate(data, idx).src_BS.to(precision.device))
         hyps.extend(tok.decode(x) for x in ids)
-    return float(sacrebleu.corpus_bleu(hyps, [refs[: len(hyps)]]).score)
+    return metrics.bleu(hyps, refs[: len(hyps)])
 
 
 # --- one optimizer step --------------------------------------------------------------------------
@@ -285,10 +285,12 @@ class _Run:
         """Validation metrics, the best checkpoint and early stopping; True = stop now."""
         tc, st = self.tc, self.state
         rec = validate(self.model, self.data.valid, tc, self.d, self.precision)
-        if tc.bleu_samples > 0:
+        if tc.bleu_samples > 0:  # rank 0 decodes; the sum hands its figures to every rank
             bleu = validation_bleu(self.model, self.tok, self.data.valid, self.data.valid_refs,
-                                   tc.bleu_samples, self.precision) if self.d.main else 0.0
-            rec["valid_bleu"] = all_sum([bleu], self.d)[0]
+                                   tc.bleu_samples, self.precision) if self.d.main else None
+            got = [bleu.score, bleu.length_ratio or 0.0, bleu.brevity_penalty or 0.0] if bleu \
+                else [0.0, 0.0, 0.0]  # fmt: skip
+            rec["valid_bleu"], rec["valid_length_ratio"], rec["valid_bp"] = all_sum(got, self.d)
         value = rec["valid_bleu"] if tc.best_metric == "bleu" else rec["valid_loss"]
         higher_is_better = tc.best_metric == "bleu"
         better = st.best is None or (value > st.best if higher_is_better else value < st.best)

@@ -302,8 +302,11 @@ def evaluate_files(
             translator.translate_stream(src, cfg, batch_tokens=batch_tokens, progress=bar.update)
         )
     hyps = [r[0].text for r in results]
+    corpus_bleu = bleu(hyps, refs)
     return {
-        "bleu": bleu(hyps, refs).to_dict(),
+        "bleu": corpus_bleu.to_dict(),
+        "length_ratio": corpus_bleu.length_ratio,  # hypothesis / reference length (BLEU tokens)
+        "brevity_penalty": corpus_bleu.brevity_penalty,
         "chrf": chrf(hyps, refs).to_dict(),
         "exact_match": exact_match(hyps, refs),
         "sentences": len(hyps),
