@@ -11,11 +11,13 @@ import torch
 from aiayn.checkpoint import (
     list_checkpoints,
     load_checkpoint_state,
+    load_model_dir,
     load_optimizer_tensors,
     load_tensors,
     optimizer_tensors,
     prune_checkpoints,
     save_checkpoint,
+    save_model_dir,
     save_tensors,
     write_average,
 )
@@ -80,7 +82,7 @@ def test_checkpoints_are_whole_listed_in_order_and_pruned(tiny_cfg, tmp_path):
     assert [p.name for p in kept] == ["step_00000015", "step_00000020"]
     tensors, saved = load_checkpoint_state(kept[-1])
     assert saved["step"] == 20 and torch.equal(tensors["rng.torch"], torch.zeros(3))
-    assert isinstance(Transformer.load(kept[-1]), Transformer)  # each is a model directory
+    assert isinstance(load_model_dir(kept[-1]), Transformer)  # each is a model directory
 
 
 def test_corrupt_or_foreign_state_is_a_clear_error(tiny_cfg, tmp_path):
@@ -100,7 +102,7 @@ def test_average_is_the_elementwise_mean(tiny_cfg, tmp_path):
     dirs = []
     for seed in range(3):
         model, _ = _model_and_opt(tiny_cfg, seed)
-        model.save(tmp_path / f"m{seed}")
+        save_model_dir(model, tmp_path / f"m{seed}")
         dirs.append(tmp_path / f"m{seed}")
     (tmp_path / "m0" / "tokenizer.model").write_bytes(b"spm")  # copied along, not parsed
     write_average(dirs, tmp_path / "avg")
@@ -109,7 +111,7 @@ def test_average_is_the_elementwise_mean(tiny_cfg, tmp_path):
     for name, t in got.items():
         torch.testing.assert_close(t, sum(p[name] for p in parts) / 3, rtol=1e-6, atol=1e-7)
     assert (tmp_path / "avg" / "tokenizer.model").read_bytes() == b"spm"
-    Transformer.load(tmp_path / "avg")
+    load_model_dir(tmp_path / "avg")
     with pytest.raises(CheckpointError, match="already holds a model"):
         write_average(dirs, tmp_path / "avg")
 
@@ -117,8 +119,8 @@ def test_average_is_the_elementwise_mean(tiny_cfg, tmp_path):
 def test_average_refuses_mixed_configs(tiny_cfg, tmp_path):
     a, _ = _model_and_opt(tiny_cfg)
     b, _ = _model_and_opt(dataclasses.replace(tiny_cfg, d_ff=48))
-    a.save(tmp_path / "a")
-    b.save(tmp_path / "b")
+    save_model_dir(a, tmp_path / "a")
+    save_model_dir(b, tmp_path / "b")
     with pytest.raises(CheckpointError, match="different model config"):
         write_average([tmp_path / "a", tmp_path / "b"], tmp_path / "avg")
 

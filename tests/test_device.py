@@ -214,6 +214,7 @@ def test_every_command_refuses_a_missing_gpu_in_one_line(tmp_path, capsys, comma
 
 def test_translate_on_the_cpu_with_an_explicit_dtype(tmp_path, capsys):
     """--device cpu --dtype fp32 and --dtype auto translate the same (auto is fp32 on a CPU)."""
+    from aiayn.checkpoint import save_model_dir
     from aiayn.config import ModelConfig
     from aiayn.model import Transformer
     from aiayn.tokenizer import Tokenizer
@@ -221,8 +222,8 @@ def test_translate_on_the_cpu_with_an_explicit_dtype(tmp_path, capsys):
     lines = [f"{a} {b} {a}" for a in "abcdef" for b in "ghijkl"]
     tok = Tokenizer.train(lines, vocab_size=280)
     torch.manual_seed(0)
-    Transformer(ModelConfig(vocab_size=tok.vocab_size, d_model=16, n_heads=2, n_layers=1,
-                            d_ff=32)).save(tmp_path / "m")  # fmt: skip
+    cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=16, n_heads=2, n_layers=1, d_ff=32)
+    save_model_dir(Transformer(cfg), tmp_path / "m")
     tok.save(tmp_path / "m")
     (tmp_path / "in.txt").write_text("\n".join(lines[:5]) + "\n")
     outs = []

@@ -402,18 +402,20 @@ def test_layers_start_from_independent_random_weights(tiny_cfg):
     assert not torch.equal(q, k)
 
 
-def test_q_k_v_each_get_their_own_xavier_bound():
-    """W^Q, W^K, W^V are d x d projections: Xavier bound sqrt(6 / 2d) for each block, not the
-    packed (3d, d) matrix's sqrt(6 / 4d) (which would be 0.71 of it)."""
+def test_q_k_v_blocks_get_xavier_with_gain_one_over_sqrt_2():
+    """W^Q, W^K, W^V are d x d blocks of the packed in_proj: each U(-a, a) with
+    a = sqrt(6 / 4d) (Xavier, gain 1/sqrt(2), fairseq's scaled init), and independent."""
     torch.manual_seed(0)
     d = 256
     model = Transformer(ModelConfig(vocab_size=50, d_model=d, n_heads=4, n_layers=1, d_ff=64))
-    bound = (6 / (2 * d)) ** 0.5
+    bound = (6 / (4 * d)) ** 0.5
     for mha in (model.encoder.layers[0].self_attn, model.decoder.layers[0].cross_attn):
-        for w in mha.in_proj.weight.chunk(3):
+        q, k, v = mha.in_proj.weight.chunk(3)
+        for w in (q, k, v):
             assert w.abs().max() <= bound
             assert w.abs().max() > 0.99 * bound  # 65,536 uniform draws reach the bound
             assert w.std().item() == pytest.approx(bound / 3**0.5, rel=0.02)
+        assert abs(torch.corrcoef(torch.stack([q.flatten(), k.flatten()]))[0, 1]) < 0.02
 
 
 def test_tied_embeddings_are_one_tensor(tiny_cfg):

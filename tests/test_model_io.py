@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from aiayn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model_dir
+from aiayn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model_dir, save_model_dir
 from aiayn.cli import main
 from aiayn.errors import CheckpointError
 from aiayn.model import MODEL_CLASSES, DecoderLM, EncoderClassifier, Transformer
@@ -23,8 +23,8 @@ from aiayn.model import MODEL_CLASSES, DecoderLM, EncoderClassifier, Transformer
 def test_save_load_round_trip_is_exact(tmp_path, tiny_cfg, overrides):
     cfg = dataclasses.replace(tiny_cfg, **overrides)
     model = Transformer(cfg).eval()
-    model.save(tmp_path / "m")
-    loaded = Transformer.load(tmp_path / "m")
+    save_model_dir(model, tmp_path / "m")
+    loaded = load_model_dir(tmp_path / "m")
     assert loaded.cfg == cfg
     for (n1, p1), (n2, p2) in zip(
         model.state_dict().items(), loaded.state_dict().items(), strict=True
@@ -37,59 +37,60 @@ def test_save_load_round_trip_is_exact(tmp_path, tiny_cfg, overrides):
 
 
 def test_variants_round_trip(tmp_path, tiny_cfg):
-    EncoderClassifier(tiny_cfg, n_classes=4).save(tmp_path / "clf")
-    DecoderLM(tiny_cfg).save(tmp_path / "lm")
+    save_model_dir(EncoderClassifier(tiny_cfg, n_classes=4), tmp_path / "clf")
+    save_model_dir(DecoderLM(tiny_cfg), tmp_path / "lm")
     assert load_model_dir(tmp_path / "clf").n_classes == 4
     assert isinstance(load_model_dir(tmp_path / "lm"), DecoderLM)
     with pytest.raises(CheckpointError, match="holds a DecoderLM, not a Transformer"):
-        Transformer.load(tmp_path / "lm")
+        load_model_dir(tmp_path / "lm", expect=Transformer)
 
 
 def test_nothing_is_pickled(tmp_path, tiny_cfg):
-    Transformer(tiny_cfg).save(tmp_path)
+    save_model_dir(Transformer(tiny_cfg), tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [CONFIG_FILE, WEIGHTS_FILE]
     json.loads((tmp_path / CONFIG_FILE).read_text())  # plain JSON
 
 
 def test_missing_and_foreign_directories(tmp_path):
     with pytest.raises(CheckpointError, match="not found"):
-        Transformer.load(tmp_path / "nope")
+        load_model_dir(tmp_path / "nope")
     with pytest.raises(CheckpointError, match="not an aiayn model directory"):
-        Transformer.load(tmp_path)
+        load_model_dir(tmp_path)
     (tmp_path / CONFIG_FILE).write_text('{"model_type": "marian"}')
     with pytest.raises(CheckpointError, match="not an aiayn model config"):
-        Transformer.load(tmp_path)
+        load_model_dir(tmp_path)
     (tmp_path / CONFIG_FILE).write_text("{not json")
     with pytest.raises(CheckpointError, match="corrupt"):
-        Transformer.load(tmp_path)
+        load_model_dir(tmp_path)
 
 
 def test_corrupt_weights(tmp_path, tiny_cfg):
-    Transformer(tiny_cfg).save(tmp_path)
+    save_model_dir(Transformer(tiny_cfg), tmp_path)
     data = (tmp_path / WEIGHTS_FILE).read_bytes()
     (tmp_path / WEIGHTS_FILE).write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="not a readable safetensors file"):
-        Transformer.load(tmp_path)
+        load_model_dir(tmp_path)
     (tmp_path / WEIGHTS_FILE).unlink()
     with pytest.raises(CheckpointError, match="missing model.safetensors"):
-        Transformer.load(tmp_path)
+        load_model_dir(tmp_path)
 
 
 def test_weights_that_do_not_fit_the_config(tmp_path, tiny_cfg):
-    Transformer(tiny_cfg).save(tmp_path / "a")
-    Transformer(dataclasses.replace(tiny_cfg, d_ff=48)).save(tmp_path / "b")
+    save_model_dir(Transformer(tiny_cfg), tmp_path / "a")
+    save_model_dir(Transformer(dataclasses.replace(tiny_cfg, d_ff=48)), tmp_path / "b")
     (tmp_path / "a" / WEIGHTS_FILE).write_bytes((tmp_path / "b" / WEIGHTS_FILE).read_bytes())
     with pytest.raises(CheckpointError, match=r"d_ff=32 but .*w_1.weight of shape \(48, 16\)"):
-        Transformer.load(tmp_path / "a")
-    Transformer(dataclasses.replace(tiny_cfg, n_layers=3)).save(tmp_path / "c")
+        load_model_dir(tmp_path / "a")
+    save_model_dir(Transformer(dataclasses.replace(tiny_cfg, n_layers=3)), tmp_path / "c")
     (tmp_path / "a" / WEIGHTS_FILE).write_bytes((tmp_path / "c" / WEIGHTS_FILE).read_bytes())
     with pytest.raises(CheckpointError, match="n_layers=2 but model.safetensors holds 3 decoder"):
-        Transformer.load(tmp_path / "a")
+        load_model_dir(tmp_path / "a")
     # Sizes that do not scale an allocation are left to the full check after the build.
-    Transformer(dataclasses.replace(tiny_cfg, share_embeddings=False)).save(tmp_path / "d")
+    untied = dataclasses.replace(tiny_cfg, share_embeddings=False)
+    save_model_dir(Transformer(untied), tmp_path / "d")
     (tmp_path / "a" / WEIGHTS_FILE).write_bytes((tmp_path / "d" / WEIGHTS_FILE).read_bytes())
     with pytest.raises(CheckpointError, match="unexpected"):
-        Transformer.load(tmp_path / "a")
+        load_model_dir(tmp_path / "a")
 
 
 @pytest.mark.parametrize(
@@ -105,7 +106,7 @@ def test_config_sizes_are_checked_against_the_weights_before_building(
     tmp_path, tiny_cfg, capsys, monkeypatch, field, value, message
 ):
     """A config.json claiming a huge model is refused from the safetensors header alone."""
-    Transformer(tiny_cfg).save(tmp_path)
+    save_model_dir(Transformer(tiny_cfg), tmp_path)
     meta = json.loads((tmp_path / CONFIG_FILE).read_text())
     meta["model"][field] = value
     (tmp_path / CONFIG_FILE).write_text(json.dumps(meta))
@@ -122,7 +123,7 @@ def test_config_sizes_are_checked_against_the_weights_before_building(
 
 def test_learned_positions_and_classes_are_checked_against_the_weights(tmp_path, tiny_cfg):
     cfg = dataclasses.replace(tiny_cfg, positional="learned")
-    EncoderClassifier(cfg, n_classes=4).save(tmp_path)
+    save_model_dir(EncoderClassifier(cfg, n_classes=4), tmp_path)
     meta = json.loads((tmp_path / CONFIG_FILE).read_text())
     (tmp_path / CONFIG_FILE).write_text(json.dumps({**meta, "extra": {"n_classes": 10**9}}))
     with pytest.raises(CheckpointError, match="n_classes=1000000000 but .* for 4 classes"):
@@ -134,12 +135,12 @@ def test_learned_positions_and_classes_are_checked_against_the_weights(tmp_path,
 
 
 def test_bad_config_json_value(tmp_path, tiny_cfg):
-    Transformer(tiny_cfg).save(tmp_path)
+    save_model_dir(Transformer(tiny_cfg), tmp_path)
     meta = json.loads((tmp_path / CONFIG_FILE).read_text())
     meta["model"]["n_heads"] = 3
     (tmp_path / CONFIG_FILE).write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="not divisible by n_heads"):
-        Transformer.load(tmp_path)
+        load_model_dir(tmp_path)
 
 
 def test_cli_reports_a_bad_model_directory_in_one_line(tmp_path, capsys):

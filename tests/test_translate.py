@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.checkpoint import save_model_dir
 from aiayn.cli import main
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import DataError
@@ -39,7 +40,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tok = Tokenizer.train(corpus(400), vocab_size=320)
     torch.manual_seed(0)
     cfg = ModelConfig.preset("cpu_tiny", vocab_size=tok.vocab_size, d_model=32, d_ff=64, max_len=40)
-    Transformer(cfg).save(directory)
+    save_model_dir(Transformer(cfg), directory)
     tok.save(directory)
     return directory
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.checkpoint import load_model_dir
+from aiayn.checkpoint import load_model_dir, save_model_dir
 from aiayn.cli import main
 from aiayn.config import BOS_ID, PAD_ID, ModelConfig
 from aiayn.errors import AiaynError
@@ -44,14 +44,14 @@ def model_dir(tmp_path_factory):
     lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(300)]
     tok = Tokenizer.train(lines, vocab_size=320)
     torch.manual_seed(0)
-    Transformer(ModelConfig.preset("cpu_tiny", vocab_size=tok.vocab_size)).save(path)
+    save_model_dir(Transformer(ModelConfig.preset("cpu_tiny", vocab_size=tok.vocab_size)), path)
     tok.save(path)
     return path
 
 
 @pytest.fixture(scope="module")
 def examples(model_dir):
-    model, tok = Transformer.load(model_dir), Tokenizer.load(model_dir)
+    model, tok = load_model_dir(model_dir), Tokenizer.load(model_dir)
     return attention_for_translations(model, tok, SENTENCES, max_len=6)
 
 
@@ -60,7 +60,7 @@ def examples(model_dir):
 
 def test_batched_maps_equal_one_sentence_at_a_time(model_dir, examples):
     """Padding is stripped per sentence: a batch gives each sentence its own unpadded maps."""
-    model, tok = Transformer.load(model_dir), Tokenizer.load(model_dir)
+    model, tok = load_model_dir(model_dir), Tokenizer.load(model_dir)
     for sentence, ex in zip(SENTENCES, examples, strict=True):
         (alone,) = attention_for_translations(model, tok, [sentence], max_len=6)
         assert (alone.src, alone.out, alone.fed) == (ex.src, ex.out, ex.fed)
@@ -70,7 +70,7 @@ def test_batched_maps_equal_one_sentence_at_a_time(model_dir, examples):
 
 
 def test_maps_are_the_produced_translation(model_dir, examples):
-    model, tok = Transformer.load(model_dir), Tokenizer.load(model_dir)
+    model, tok = load_model_dir(model_dir), Tokenizer.load(model_dir)
     ex = examples[0]
     src = tok.encode(SENTENCES[0])
     assert ex.src == tok.pieces(src) and ex.fed[0] == tok.pieces([BOS_ID])[0]
@@ -143,7 +143,7 @@ def other_models(model_dir, tmp_path_factory):
     dirs = {}
     for name, model in (("cls", EncoderClassifier(cfg, n_classes=3)), ("lm", DecoderLM(cfg))):
         dirs[name] = tmp_path_factory.mktemp(name)
-        model.save(dirs[name])
+        save_model_dir(model, dirs[name])
         tok.save(dirs[name])
     return dirs
 

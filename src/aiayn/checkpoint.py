@@ -19,7 +19,7 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -32,12 +32,11 @@ from aiayn.atomic import atomic_write_bytes, atomic_write_json, fsync_dir
 from aiayn.config import RUN_CONFIG_FILE, Config, ModelConfig, TrainConfig, from_dict, to_dict
 from aiayn.distributed import Dist
 from aiayn.errors import CheckpointError, ConfigError, DataError
+from aiayn.model import MODEL_CLASSES, _ModelBase
 from aiayn.tokenizer import TOKENIZER_FILE
 
-if TYPE_CHECKING:
-    from aiayn.model import _ModelBase
-
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=_ModelBase)
 
 FORMAT = "aiayn-model"
 FORMAT_VERSION = 1
@@ -205,10 +204,16 @@ def check_weights_header(path: Path, cfg: ModelConfig, extra: dict[str, Any]) ->
             raise mismatch("n_classes", n_classes, f"a classifier for {got} classes")
 
 
-def load_model_dir(directory: str | Path, map_location: str | torch.device = "cpu") -> _ModelBase:
-    """Rebuild the model described by `config.json` and load its weights, checking every tensor."""
-    from aiayn.model import MODEL_CLASSES
+def load_model_dir(
+    directory: str | Path,
+    map_location: str | torch.device = "cpu",
+    expect: type[M] = _ModelBase,  # type: ignore[assignment]
+) -> M:
+    """Rebuild the model described by `config.json` and load its weights, checking every tensor.
 
+    `expect` names the architecture the caller needs, e.g. `load_model_dir(d, expect=Transformer)`
+    for translation: a directory holding another one is a CheckpointError.
+    """
     directory = Path(directory)
     meta = read_model_meta(directory)
     cfg = load_model_config(directory)
@@ -221,6 +226,8 @@ def load_model_dir(directory: str | Path, map_location: str | torch.device = "cp
         model = MODEL_CLASSES[arch](cfg, **extra)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{directory}: cannot build {arch} from config: {e}") from None
+    if not isinstance(model, expect):
+        raise CheckpointError(f"{directory} holds a {arch}, not a {expect.__name__}")
     tensors = load_tensors(directory / WEIGHTS_FILE)
     check_state_dict(model, tensors, str(directory / WEIGHTS_FILE))
     model.load_state_dict(tensors, strict=False)  # tied aliases are filled through their twin

@@ -394,6 +394,7 @@ def explain_report(
 ) -> str:
     """What `aiayn explain` prints: load the model directory onto `device`, trace, render as
     `fmt` (numbers are computed in fp32 wherever the model runs)."""
+    from aiayn.checkpoint import load_model_dir
     from aiayn.device import resolve_device
     from aiayn.explain import explain
     from aiayn.explain_beam import trace_beam
@@ -404,7 +405,7 @@ def explain_report(
         raise AiaynError(f"--top-k must be at least 1, got {top_k}")
     if max_len is not None and max_len < 1:
         raise AiaynError(f"--max-len must be at least 1, got {max_len}")
-    model = Transformer.load(model_dir, map_location=resolve_device(device))
+    model = load_model_dir(model_dir, resolve_device(device), expect=Transformer)
     tok = Tokenizer.load(model_dir)
     trace = explain(model, tok, sentence, top_k=top_k, max_len=max_len)
     if beam:

@@ -297,7 +297,8 @@ class _Run:
         if better:
             st.best, st.best_step, st.bad_validations = value, st.step, 0
             if self.d.main:
-                self.model.save(self.out)  # the run directory's model = the best so far
+                # the run directory's model = the best so far
+                ckpt_io.save_model_dir(self.model, self.out)
         else:
             st.bad_validations += 1
         self.last_validated = st.step
@@ -312,7 +313,7 @@ class _Run:
                                     rng_tensors(self.d.device))
             ckpt_io.prune_checkpoints(self.out, self.tc.keep_last)
             if not self.data.valid:  # no validation set: the run's model is the latest one
-                self.model.save(self.out)
+                ckpt_io.save_model_dir(self.model, self.out)
         self.last_saved = self.state.step
 
     def should_stop(self, flag: dict[str, int]) -> str | None:
@@ -457,7 +458,7 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
     if run.last_saved != state.step or not ckpt_io.list_checkpoints(out):
         run.save()
     if d.main and not (out / ckpt_io.WEIGHTS_FILE).exists():  # stopped before any validation
-        model.save(out)
+        ckpt_io.save_model_dir(model, out)
     if d.main:
         log.info("stopped (%s) at step %d; run directory %s", stopped, state.step, out)
     if d.world > 1:

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 import torch
 from tqdm import tqdm
 
+from aiayn.checkpoint import load_model_dir
 from aiayn.config import EOS_ID, PAD_ID, RUN_CONFIG_FILE, DecodeConfig, from_dict
 from aiayn.data import read_lines
 from aiayn.decode import Hypothesis, check_decode_config, search
@@ -128,8 +129,7 @@ class Translator:
         where = resolve_device(device) if isinstance(device, str) else device
         precision = choose_precision(dtype, where, "dtype", decoding=True)
         cfg = cfg or saved_decode_config(directory)
-        model = Transformer.load(directory, map_location=where)
-        assert isinstance(model, Transformer)
+        model = load_model_dir(directory, where, expect=Transformer)
         precision.apply()
         return cls(model, Tokenizer.load(directory), cfg, precision)
 
