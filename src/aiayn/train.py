@@ -372,9 +372,16 @@ def train(cfg: Config, *, tokenizer: Tokenizer | None = None, progress: bool = T
 
 
 def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainResult:
-    from tqdm.auto import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
+    run, net = _prepare(cfg, tokenizer)
+    stopped = _loop(run, net, progress)
+    _finish(run, stopped)
+    return TrainResult(run.out, run.state.step, stopped, run.last_loss, run.state.best)
 
+
+def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.Module]:
+    """Everything before the first step: checks, tokenizer, data, model, optimizer, resume.
+
+    The device and every config value are checked before anything is written."""
     tc, d = cfg.train, init_distributed(cfg.train.device)
     precision = choose_precision(tc.dtype, d.device, "train.dtype")
     if tc.accum_steps < 1 or tc.max_tokens < 1:
@@ -414,13 +421,21 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
         )
     if tc.compile:
         net = torch.compile(net)  # type: ignore[assignment]
-    run = _Run(cfg, tok, data, model, opt, state, d, out, precision)
-    loader = StepLoader(data.train, tc, d)
+    return _Run(cfg, tok, data, model, opt, state, d, out, precision), net
+
+
+def _loop(run: _Run, net: torch.nn.Module, progress: bool) -> str:
+    """Optimizer steps until a stopping rule fires; returns which one."""
+    from tqdm.auto import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    tc, d, state = run.tc, run.d, run.state
+    loader = StepLoader(run.data.train, tc, d)
     bar = tqdm(total=_bar_total(tc, loader, state.epoch), initial=state.step, unit="step",
                disable=not (progress and d.main), dynamic_ncols=True)
     with stop_on_signals() as flag, bar, logging_redirect_tqdm():
         while (stopped := run.should_stop(flag)) is None:
-            lr = learning_rate(state.step + 1, tc, cfg.model.d_model)
+            lr = learning_rate(state.step + 1, tc, run.cfg.model.d_model)
             epoch = state.epoch
             if d.world > 1:  # each rank its own dropout masks, a pure function of (rank, step),
                 # so a multi-rank resume is exact without gathering every rank's RNG state
@@ -428,39 +443,50 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
             chunk, tokens, (state.epoch, state.batch_in_epoch) = loader.next_step(
                 state.epoch, state.batch_in_epoch
             )
-            batches = [collate(data.train, idx).to(d.device) for idx in chunk]
-            totals = train_step(net, opt, batches, tokens=tokens, lr=lr, pad_id=cfg.model.pad_id,
-                                tc=tc, d=d, precision=precision)
+            batches = [collate(run.data.train, idx).to(d.device) for idx in chunk]
+            totals = train_step(net, run.opt, batches, tokens=tokens, lr=lr,
+                                pad_id=run.cfg.model.pad_id, tc=tc, d=d,
+                                precision=run.precision)  # fmt: skip
             state.step, state.tokens = state.step + 1, state.tokens + tokens
             run.add_step(totals, tokens)
             bar.update(1)
             if tc.log_every > 0 and state.step % tc.log_every == 0:
-                rec = run.log_train(lr)
-                if bar.disable and d.main:  # no bar (no tty, --no-progress): say it in the log
-                    log.info("step %d epoch %d: loss %.3f ppl %.1f lr %.2e %.0f tok/s", state.step,
-                             state.epoch + 1, rec["loss"], rec["ppl"], lr, rec["tokens_per_s"])
-                minutes_left = tc.max_minutes - run.elapsed() / 60
-                left = {"left": f"{minutes_left:.1f}min"} if tc.max_minutes else {}
-                bar.set_postfix(loss=f"{rec['loss']:.3f}", ppl=f"{rec['ppl']:.1f}", lr=f"{lr:.2e}",
-                                tok_s=f"{rec['tokens_per_s']:.0f}", ep=state.epoch + 1, **left)
+                _show(run, bar, lr)
             t_aside = time.monotonic()  # validation and saving do not count in tokens/s
             due = (state.step % tc.valid_every == 0 if tc.valid_every > 0
                    else state.epoch != epoch)  # valid_every = 0: at the end of each epoch
-            if data.valid and due and run.validate():
+            if run.data.valid and due and run.validate():
                 stopped = "early_stopping"
             if tc.save_every > 0 and state.step % tc.save_every == 0:
                 run.save()
             run.window_t += time.monotonic() - t_aside
             if stopped:
                 break
-    if data.valid and stopped != "signal" and run.last_validated != state.step:
-        run.validate()  # the final weights compete for "best" too
+    return stopped
+
+
+def _show(run: _Run, bar: Any, lr: float) -> None:
+    """Log the window's loss and speed: on the progress bar, or as a log line without one."""
+    rec, state = run.log_train(lr), run.state
+    if bar.disable and run.d.main:  # no bar (no tty, --no-progress): say it in the log
+        log.info("step %d epoch %d: loss %.3f ppl %.1f lr %.2e %.0f tok/s", state.step,
+                 state.epoch + 1, rec["loss"], rec["ppl"], lr, rec["tokens_per_s"])
+    left = {"left": f"{run.tc.max_minutes - run.elapsed() / 60:.1f}min"} \
+        if run.tc.max_minutes else {}  # fmt: skip
+    bar.set_postfix(loss=f"{rec['loss']:.3f}", ppl=f"{rec['ppl']:.1f}", lr=f"{lr:.2e}",
+                    tok_s=f"{rec['tokens_per_s']:.0f}", ep=state.epoch + 1, **left)
+
+
+def _finish(run: _Run, stopped: str) -> None:
+    """Validate and save the final weights (they compete for "best" too); wait for all ranks."""
+    state, out, d = run.state, run.out, run.d
+    if run.data.valid and stopped != "signal" and run.last_validated != state.step:
+        run.validate()
     if run.last_saved != state.step or not ckpt_io.list_checkpoints(out):
         run.save()
     if d.main and not (out / ckpt_io.WEIGHTS_FILE).exists():  # stopped before any validation
-        ckpt_io.save_model_dir(model, out)
+        ckpt_io.save_model_dir(run.model, out)
     if d.main:
         log.info("stopped (%s) at step %d; run directory %s", stopped, state.step, out)
     if d.world > 1:
         dist.barrier()
-    return TrainResult(out, state.step, stopped, run.last_loss, state.best)
