@@ -147,7 +147,16 @@ def _forbid(scores_RV: Tensor, no_eos: bool) -> None:
 
 # --- one hypothesis per row: greedy and sampling --------------------------------------------------
 
-Pick = Callable[[Tensor], Tensor]  # log-probabilities (R, V) -> next token ids (R,)
+# log-probabilities (R, V) -> (next token ids (R,), their log-probabilities (R,))
+Pick = Callable[[Tensor], tuple[Tensor, Tensor]]
+
+
+def _pick_best(lp_rV: Tensor) -> tuple[Tensor, Tensor]:
+    """Greedy: the most probable token. `max` gives the value with its index in one pass over
+    V (argmax, then gathering the value, costs a second op; both keep the first of equal maxima).
+    """
+    lp_r, next_r = lp_rV.max(-1)
+    return next_r, lp_r
 
 
 def _search_single(
@@ -181,8 +190,7 @@ def _search_single(
             logits_rV, _ = model.decode_step(prefix_rt, memory, fresh)
         lp_rV = logits_rV.float().log_softmax(-1)  # one fused pass (cheaper than logsumexp)
         _forbid(lp_rV, t < cfg.min_len)
-        next_r = pick(lp_rV)
-        lp_r = lp_rV.gather(1, next_r[:, None])[:, 0]
+        next_r, lp_r = pick(lp_rV)
         log_prob_R[rows_r] += lp_r.double()
         is_eos_r = next_r == EOS_ID
         out_RT[rows_r, t] = next_r
@@ -218,7 +226,7 @@ def greedy_search(
     cfg = cfg or DecodeConfig()
     check_decode_config(cfg)
     with _inference(model):
-        return _search_single(model, src_BS, cfg, lambda x: x.argmax(-1), use_cache=use_cache)
+        return _search_single(model, src_BS, cfg, _pick_best, use_cache=use_cache)
 
 
 def greedy_decode(
@@ -250,9 +258,10 @@ def sample_search(model: Decodable, src_BS: Tensor, cfg: DecodeConfig) -> list[l
     device = src_BS.device
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
 
-    def pick(lp_rV: Tensor) -> Tensor:
+    def pick(lp_rV: Tensor) -> tuple[Tensor, Tensor]:
         logits_rV = top_p_filter(top_k_filter(lp_rV / cfg.temperature, cfg.top_k), cfg.top_p)
-        return torch.multinomial(logits_rV.softmax(-1), 1, generator=gen)[:, 0]
+        next_r = torch.multinomial(logits_rV.softmax(-1), 1, generator=gen)[:, 0]
+        return next_r, lp_rV.gather(1, next_r[:, None])[:, 0]
 
     n = cfg.nbest
     rows = torch.arange(src_BS.size(0), device=device).repeat_interleave(n)

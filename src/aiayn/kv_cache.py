@@ -68,10 +68,13 @@ class KVCache:
             if self.spare_k is None or self.spare_v is None:
                 self.spare_k = [torch.empty_like(b) for b in self.self_k]
                 self.spare_v = [torch.empty_like(b) for b in self.self_v]
+            # Only the `length` filled positions are copied: the rest is overwritten before it
+            # is read, and copying the whole capacity would double a beam step's copy traffic.
+            filled = slice(0, self.length)
             for src, dst in zip(
                 self.self_k + self.self_v, self.spare_k + self.spare_v, strict=True
             ):
-                torch.index_select(src, 0, idx_B, out=dst)
+                torch.index_select(src[:, :, filled], 0, idx_B, out=dst[:, :, filled])
             self_k, self_v = self.spare_k, self.spare_v
             spare_k, spare_v = self.self_k, self.self_v
         else:  # rows dropped (finished sentences), or autograd on: new buffers
