@@ -63,8 +63,8 @@ def test_stack_matches_nn_transformer_on_cuda(norm_first):
     expected = ref(x, y, tgt_mask=nn.Transformer.generate_square_subsequent_mask(5, device="cuda"),
                    src_key_padding_mask=~keep_BS, memory_key_padding_mask=~keep_BS,
                    tgt_is_causal=True)  # fmt: skip
-    mem, _ = ours.encoder(x, keep_BS[:, None, None, :])
-    got, _, _ = ours.decoder(y, mem, keep_BS[:, None, None, :])
+    mem = ours.encoder(x, keep_BS[:, None, None, :])
+    got = ours.decoder(y, mem, keep_BS[:, None, None, :])
     torch.testing.assert_close(got, expected, **TOL)
 
 

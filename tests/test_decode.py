@@ -195,7 +195,7 @@ def test_cached_equals_uncached(model: Transformer) -> None:
     with torch.inference_mode():
         memory = model.encode(src)
         tgt = torch.tensor([[BOS_ID, *h.tokens[:6]] for h in cached])
-        full_BTV, _, _ = model.decode(tgt, memory)
+        full_BTV = model.decode(tgt, memory)
         cache = model.init_cache(memory, tgt.size(1))
         for t in range(tgt.size(1)):
             step_BV, cache = model.decode_step(tgt[:, t : t + 1], memory, cache)

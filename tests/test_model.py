@@ -16,11 +16,11 @@ from aiayn.attention import (
     attention,
     fused_attention,
     self_attention_unparameterised,
-    tracing,
 )
 from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
 from aiayn.model import (
+    AttentionMaps,
     DecoderLayer,
     DecoderLM,
     EncoderClassifier,
@@ -28,6 +28,7 @@ from aiayn.model import (
     Transformer,
     count_parameters,
 )
+from aiayn.tracing import tracing
 
 TOL = dict(rtol=1e-5, atol=1e-5)  # fp32 parity
 
@@ -120,11 +121,12 @@ def test_mha_matches_torch_multihead_attention(cross):
     keep_BS = torch.ones(B, mem.size(1), dtype=torch.bool)
     keep_BS[1, -3:] = False
     expected, expected_w = ref(x, mem, mem, key_padding_mask=~keep_BS, average_attn_weights=False)
-    got = ours(x, mem, keep_mask=keep_BS[:, None, None, :], return_attention=True)
-    torch.testing.assert_close(got.output, expected, **TOL)
-    torch.testing.assert_close(got.attention, expected_w, **TOL)
-    # the fused path (no weights requested) gives the same output
-    torch.testing.assert_close(ours(x, mem, keep_BS[:, None, None, :]).output, expected, **TOL)
+    with tracing() as trace:  # the explicit path, every intermediate recorded
+        got = ours(x, mem, keep_mask=keep_BS[:, None, None, :])
+    torch.testing.assert_close(got, expected, **TOL)
+    torch.testing.assert_close(trace.tensors["attn.weights"], expected_w, **TOL)
+    # the fused path (not traced) gives the same output
+    torch.testing.assert_close(ours(x, mem, keep_BS[:, None, None, :]), expected, **TOL)
 
 
 @given(n=st.integers(1, 10), seed=st.integers(0, 2**16))
@@ -132,8 +134,8 @@ def test_self_attention_is_permutation_equivariant(n, seed):
     torch.manual_seed(seed)
     mha = MultiHeadAttention(16, 4).eval()
     x_BTD, perm = torch.randn(2, n, 16), torch.randperm(n)
-    y_BTD = mha(x_BTD, x_BTD).output
-    torch.testing.assert_close(mha(x_BTD[:, perm], x_BTD[:, perm]).output, y_BTD[:, perm], **TOL)
+    y_BTD = mha(x_BTD, x_BTD)
+    torch.testing.assert_close(mha(x_BTD[:, perm], x_BTD[:, perm]), y_BTD[:, perm], **TOL)
     y0 = self_attention_unparameterised(x_BTD)
     torch.testing.assert_close(self_attention_unparameterised(x_BTD[:, perm]), y0[:, perm], **TOL)
 
@@ -161,7 +163,7 @@ def test_encoder_layer_matches_torch(norm_first):
     keep_BS = torch.ones(2, 6, dtype=torch.bool)
     keep_BS[0, 4:] = False
     expected = ref(x, src_key_padding_mask=~keep_BS)
-    got, _ = ours(x, keep_BS[:, None, None, :])
+    got = ours(x, keep_BS[:, None, None, :])
     torch.testing.assert_close(got[keep_BS], expected[keep_BS], **TOL)
 
 
@@ -180,7 +182,7 @@ def test_decoder_layer_matches_torch(norm_first):
     keep_BS[1, 3:] = False
     causal = nn.Transformer.generate_square_subsequent_mask(5)
     expected = ref(y, mem, tgt_mask=causal, memory_key_padding_mask=~keep_BS, tgt_is_causal=True)
-    got, _, _ = ours(y, mem, keep_BS[:, None, None, :])
+    got = ours(y, mem, keep_BS[:, None, None, :])
     torch.testing.assert_close(got, expected, **TOL)
 
 
@@ -212,8 +214,8 @@ def test_encoder_decoder_stack_matches_nn_transformer(norm_first):
         memory_key_padding_mask=~keep_BS,
         tgt_is_causal=True,
     )
-    mem, _ = ours.encoder(x, keep_BS[:, None, None, :])
-    got, _, _ = ours.decoder(y, mem, keep_BS[:, None, None, :])
+    mem = ours.encoder(x, keep_BS[:, None, None, :])
+    got = ours.decoder(y, mem, keep_BS[:, None, None, :])
     torch.testing.assert_close(got, expected, **TOL)
 
 
@@ -342,11 +344,13 @@ def test_kv_cache_index_select_reorders_rows(tiny_cfg):
     torch.testing.assert_close(logits, full[:, 2], **TOL)
 
 
-def test_return_attention_shapes_and_same_logits(tiny_cfg):
+def test_traced_attention_maps_shapes_and_same_logits(tiny_cfg):
     torch.manual_seed(12)
     model = Transformer(tiny_cfg).eval()
     src, tgt = random_batch(tiny_cfg)
-    logits, maps = model(src, tgt, return_attention=True)
+    with tracing() as trace:
+        logits = model(src, tgt)
+    maps = AttentionMaps.from_trace(trace)
     torch.testing.assert_close(logits, model(src, tgt), **TOL)
     L, H = tiny_cfg.n_layers, tiny_cfg.n_heads
     assert [m.shape for m in maps.enc_self] == [(3, H, 7, 7)] * L

@@ -20,8 +20,9 @@ from aiayn.checkpoint import load_model_dir, save_model_dir
 from aiayn.cli import main
 from aiayn.config import BOS_ID, PAD_ID, ModelConfig
 from aiayn.errors import AiaynError
-from aiayn.model import DecoderLM, EncoderClassifier, Transformer
+from aiayn.model import AttentionMaps, DecoderLM, EncoderClassifier, Transformer
 from aiayn.tokenizer import Tokenizer
+from aiayn.tracing import tracing
 from aiayn.viz import (
     attention_figures,
     attention_for_model,
@@ -153,8 +154,10 @@ def test_encoder_only_and_decoder_only_models(other_models):
     (ex,) = attention_for_model(lm, tok, [SENTENCES[0]])
     ids = tok.encode(SENTENCES[0], bos=True)
     assert list(ex.maps) == ["lm_self"] and ex.src == tok.pieces(ids) and ex.out == []
-    with torch.no_grad():
-        _, maps = lm(torch.tensor([ids]), return_attention=True)  # the model's own maps
+    with torch.no_grad(), tracing() as trace:
+        lm(torch.tensor([ids]))  # the model's own maps
+    maps = AttentionMaps.from_trace(trace).dec_self
+    assert len(maps) == lm.cfg.n_layers
     for got, want in zip(ex.maps["lm_self"], maps, strict=True):
         torch.testing.assert_close(got, want[0])
     assert bool((ex.maps["lm_self"][1].triu(1) == 0).all())

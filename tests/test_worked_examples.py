@@ -101,8 +101,8 @@ def test_section1_through_the_real_multi_head_attention_module():
         mha.in_proj.bias.zero_()
         mha.out_proj.weight.copy_(torch.eye(6, dtype=D64))  # W^O = I: output is concat(heads)
         mha.out_proj.bias.zero_()
-    out = mha(E6[None], E6[None], return_attention=True)
-    close(out.output[0], [[7.99, 8.84, 6.84, 8.84, 3.99, 7.99]] * 2, 2)
+    out = mha(E6[None], E6[None])
+    close(out[0], [[7.99, 8.84, 6.84, 8.84, 3.99, 7.99]] * 2, 2)
 
 
 # §2: sinusoidal positions; the seeds give the cos dimension the next pair's frequency -------

@@ -4,7 +4,6 @@ from aiayn.attention import (
     MultiHeadAttention,
     attention,
     self_attention_unparameterised,
-    tracing,
 )
 from aiayn.config import Config, DecodeConfig, ModelConfig, TrainConfig, load_config
 from aiayn.errors import AiaynError, CheckpointError, ConfigError, DataError
@@ -17,6 +16,7 @@ from aiayn.model import (
     Transformer,
     sinusoidal_positions,
 )
+from aiayn.tracing import Trace, tracing
 
 __version__ = "0.1.0"
 
@@ -34,6 +34,7 @@ __all__ = [
     "Memory",
     "ModelConfig",
     "MultiHeadAttention",
+    "Trace",
     "TrainConfig",
     "Transformer",
     "attention",

@@ -1,4 +1,4 @@
-"""Attention (§3.2), the projections it runs on, and the tap that records it for the glass box.
+"""Attention (§3.2) and the projections it runs on; `aiayn.tracing` records it for the glass box.
 
 Dimension key (shape suffixes on tensor names):
     B batch   S source / key length   T target / query length   D d_model   H heads
@@ -11,63 +11,13 @@ Mask convention, everywhere in aiayn: a bool tensor where True = "may attend" (a
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-# --- tracing: the glass box taps the real forward pass ----------------------------------------
-# When a trace is active, modules record named intermediates and attention takes the explicit
-# math path so that every number (Q, K, V, scores, weights...) exists. When none is active
-# (training, decoding), a tap is one context-variable read.
-
-
-@dataclass
-class Trace:
-    """Named intermediates of one traced forward pass, in the order they were computed."""
-
-    tensors: dict[str, Tensor] = field(default_factory=dict)
-    prefix: str = ""
-
-    def record(self, name: str, x: Tensor) -> None:
-        self.tensors[self.prefix + name] = x.detach().clone()
-
-
-_TRACE: ContextVar[Trace | None] = ContextVar("aiayn_trace", default=None)
-
-
-@contextmanager
-def tracing(prefix: str = "") -> Iterator[Trace]:
-    """Record every named intermediate computed inside the `with` block."""
-    trace = Trace(prefix=prefix)
-    token = _TRACE.set(trace)
-    try:
-        yield trace
-    finally:
-        _TRACE.reset(token)
-
-
-def _active_trace() -> Trace | None:
-    # torch.compile cannot read a context variable without breaking the graph at every tap;
-    # a compiled model is never traced (`tracing()` runs the eager model).
-    return None if torch.compiler.is_compiling() else _TRACE.get()
-
-
-def tap(name: str, x: Tensor) -> None:
-    """Record `x` under `name` when a trace is active (one context-variable read otherwise)."""
-    trace = _active_trace()
-    if trace is not None:
-        trace.record(name, x)
-
-
-def is_tracing() -> bool:
-    return _active_trace() is not None
-
+from aiayn.tracing import is_tracing, tap
 
 # --- linear layers with an inference fast path -------------------------------------------------
 # Decoding multiplies small batches (one row per sentence or beam) by fixed weights. oneDNN can
@@ -212,12 +162,6 @@ def causal_mask(t_q: int, t_k: int, device: torch.device | None = None) -> Tenso
     return torch.arange(t_k, device=device)[None, :] <= q_pos
 
 
-@dataclass
-class AttentionOutput:
-    output: Tensor  # (B, T, D)
-    attention: Tensor | None = None  # (B, H, T, S) when requested
-
-
 class MultiHeadAttention(nn.Module):
     """h parallel attention heads over d_k = d_model / h dimensions, then W^O (§3.2.2).
 
@@ -260,23 +204,22 @@ class MultiHeadAttention(nn.Module):
         keep_mask: Tensor | None = None,
         *,
         causal: bool = False,
-        return_attention: bool = False,
-    ) -> AttentionOutput:
+    ) -> Tensor:
         """Queries from `x_BTD`; keys and values from `mem_BSD` (None or x itself = self-attention).
 
         Args:
             keep_mask: bool, broadcastable to (B, H, T, S), True = may attend.
             causal: also hide future keys (query i sees keys 0..i).
-            return_attention: take the explicit path and return the weights (B, H, T, S).
+        Returns:
+            (B, T, D). Under `tracing()` the weights (B, H, T, S) and every other intermediate
+            are recorded as `<trace_name>.weights`, ... (the only way to read them).
         """
         if mem_BSD is None or mem_BSD is x_BTD:
             q_BHTK, k_BHSK, v_BHSK = self.project_qkv(x_BTD)
         else:
             q_BHTK = self.project_q(x_BTD)
             k_BHSK, v_BHSK = self.project_kv(mem_BSD)
-        return self.attend(
-            q_BHTK, k_BHSK, v_BHSK, keep_mask, causal=causal, return_attention=return_attention
-        )
+        return self.attend(q_BHTK, k_BHSK, v_BHSK, keep_mask, causal=causal)
 
     def attend(
         self,
@@ -286,21 +229,18 @@ class MultiHeadAttention(nn.Module):
         keep_mask: Tensor | None,
         *,
         causal: bool = False,
-        return_attention: bool = False,
-    ) -> AttentionOutput:
+    ) -> Tensor:
         """Attention over already projected heads, concat, W^O. Used by forward and the cache."""
         B, H, T, K = q_BHTK.shape
         dropout_p = self.dropout if self.training else 0.0
         tracing = is_tracing()
-        weights_BHTS = None
-        if return_attention or tracing:
+        if tracing:  # the explicit path: every number of §3.2.1 exists, and is recorded
             if causal:
                 causal_TS = causal_mask(T, k_BHSK.size(2), q_BHTK.device)
                 keep_mask = causal_TS if keep_mask is None else keep_mask & causal_TS
-            if tracing:
-                tap(f"{self.trace_name}.q", q_BHTK)
-                tap(f"{self.trace_name}.k", k_BHSK)
-                tap(f"{self.trace_name}.v", v_BHSK)
+            tap(f"{self.trace_name}.q", q_BHTK)
+            tap(f"{self.trace_name}.k", k_BHSK)
+            tap(f"{self.trace_name}.v", v_BHSK)
             heads_BHTK, weights_BHTS = attention(
                 q_BHTK, k_BHSK, v_BHSK, keep_mask, trace_name=self.trace_name
             )
@@ -324,4 +264,4 @@ class MultiHeadAttention(nn.Module):
         if tracing:
             tap(f"{self.trace_name}.concat", concat_BTD)
             tap(f"{self.trace_name}.output", out_BTD)
-        return AttentionOutput(out_BTD, weights_BHTS if return_attention else None)
+        return out_BTD

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from aiayn.attention import tracing
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig
 from aiayn.decode import max_output_lengths
 from aiayn.errors import AiaynError
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
+from aiayn.tracing import tracing
 
 if TYPE_CHECKING:  # explain_beam imports this module
     from aiayn.explain_beam import BeamTrace

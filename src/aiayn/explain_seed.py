@@ -15,8 +15,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from aiayn.attention import MultiHeadAttention, attention, tracing
+from aiayn.attention import MultiHeadAttention, attention
 from aiayn.model import sinusoidal_positions
+from aiayn.tracing import tracing
 
 F64 = torch.float64
 

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from aiayn.attention import AttentionOutput, Linear, MultiHeadAttention, is_tracing, tap
+from aiayn.attention import Linear, MultiHeadAttention
 from aiayn.config import ModelConfig
 from aiayn.kv_cache import KVCache, Memory
+from aiayn.tracing import Trace, is_tracing, tap
 
 # --- position-wise FFN (§3.3) and positions (§3.5) --------------------------------------------
 
@@ -102,10 +103,36 @@ class Embeddings(nn.Module):
 # --- layers and stacks (§3.1) ------------------------------------------------------------------
 
 
-class EncoderLayer(nn.Module):
-    """Self-attention -> FFN, each wrapped in residual + LayerNorm (§3.1, Figure 1 left).
+class _ResidualLayer(nn.Module):
+    """What both layer types share: every sub-layer is wrapped in residual + LayerNorm (§3.1).
 
     Post-LN (paper): x = LN(x + Dropout(Sublayer(x))). Pre-LN: x = x + Dropout(Sublayer(LN(x))).
+    Sub-layer i uses `self.norm{i}`, so the parameters keep their names (norm1, norm2, norm3).
+    """
+
+    norm_first: bool
+    dropout: nn.Dropout
+    trace_name: str
+
+    def sublayer(self, x_BTD: Tensor, i: int, fn: Callable[[Tensor], Tensor]) -> Tensor:
+        norm: nn.LayerNorm = getattr(self, f"norm{i}")
+        name = f"{self.trace_name}.residual{i}"
+        if self.norm_first:
+            return _residual(x_BTD, self.dropout(fn(norm(x_BTD))), name)
+        x_BTD = norm(_residual(x_BTD, self.dropout(fn(x_BTD)), name))
+        tap(f"{self.trace_name}.norm{i}", x_BTD)
+        return x_BTD
+
+
+def _residual(x: Tensor, sub: Tensor, name: str) -> Tensor:
+    out = x + sub
+    tap(name, out)
+    return out
+
+
+class EncoderLayer(_ResidualLayer):
+    """Self-attention -> FFN, each wrapped in residual + LayerNorm (§3.1, Figure 1 left).
+
     With `causal=True` the same block is a decoder-only (GPT-style) layer.
     """
 
@@ -119,39 +146,12 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.trace_name = "layer"
 
-    def forward(
-        self,
-        x_BSD: Tensor,
-        keep_B11S: Tensor | None,
-        *,
-        causal: bool = False,
-        return_attention: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
-        def sa(h_BSD: Tensor) -> AttentionOutput:
-            return self.self_attn(
-                h_BSD, h_BSD, keep_B11S, causal=causal, return_attention=return_attention
-            )
-
-        if self.norm_first:
-            a = sa(self.norm1(x_BSD))
-            x_BSD = _residual(x_BSD, self.dropout(a.output), f"{self.trace_name}.residual1")
-            ff_BSD = self.ffn(self.norm2(x_BSD))
-            x_BSD = _residual(x_BSD, self.dropout(ff_BSD), f"{self.trace_name}.residual2")
-        else:
-            a = sa(x_BSD)
-            x_BSD = self.norm1(
-                _residual(x_BSD, self.dropout(a.output), f"{self.trace_name}.residual1")
-            )
-            tap(f"{self.trace_name}.norm1", x_BSD)
-            ff_BSD = self.ffn(x_BSD)
-            x_BSD = self.norm2(
-                _residual(x_BSD, self.dropout(ff_BSD), f"{self.trace_name}.residual2")
-            )
-            tap(f"{self.trace_name}.norm2", x_BSD)
-        return x_BSD, a.attention
+    def forward(self, x_BSD: Tensor, keep_B11S: Tensor | None, *, causal: bool = False) -> Tensor:
+        x_BSD = self.sublayer(x_BSD, 1, lambda h: self.self_attn(h, h, keep_B11S, causal=causal))
+        return self.sublayer(x_BSD, 2, self.ffn)
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(_ResidualLayer):
     """Masked self-attention -> cross-attention over the encoder output -> FFN (§3.1, Figure 1)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -166,70 +166,29 @@ class DecoderLayer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.trace_name = "layer"
 
-    def _sublayer(
-        self, x_BTD: Tensor, i: int, fn: Callable[[Tensor], AttentionOutput | Tensor]
-    ) -> tuple[Tensor, Tensor | None]:
-        """Apply sub-layer `fn` (returning AttentionOutput or a tensor) with residual + LN `i`."""
-        norm = (self.norm1, self.norm2, self.norm3)[i - 1]
-        name = f"{self.trace_name}.residual{i}"
-        if self.norm_first:
-            out = fn(norm(x_BTD))
-            y, attn = (
-                (out.output, out.attention) if isinstance(out, AttentionOutput) else (out, None)
-            )
-            return _residual(x_BTD, self.dropout(y), name), attn
-        out = fn(x_BTD)
-        y, attn = (out.output, out.attention) if isinstance(out, AttentionOutput) else (out, None)
-        x_BTD = norm(_residual(x_BTD, self.dropout(y), name))
-        tap(f"{self.trace_name}.norm{i}", x_BTD)
-        return x_BTD, attn
-
-    def forward(
-        self,
-        y_BTD: Tensor,
-        mem_BSD: Tensor,
-        mem_keep_B11S: Tensor | None,
-        *,
-        return_attention: bool = False,
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        y_BTD, self_w = self._sublayer(
-            y_BTD,
-            1,
-            lambda h: self.self_attn(h, h, None, causal=True, return_attention=return_attention),
-        )
-        y_BTD, cross_w = self._sublayer(
-            y_BTD,
-            2,
-            lambda h: self.cross_attn(h, mem_BSD, mem_keep_B11S, return_attention=return_attention),
-        )
-        y_BTD, _ = self._sublayer(y_BTD, 3, self.ffn)
-        return y_BTD, self_w, cross_w
+    def forward(self, y_BTD: Tensor, mem_BSD: Tensor, mem_keep_B11S: Tensor | None) -> Tensor:
+        y_BTD = self.sublayer(y_BTD, 1, lambda h: self.self_attn(h, h, None, causal=True))
+        y_BTD = self.sublayer(y_BTD, 2, lambda h: self.cross_attn(h, mem_BSD, mem_keep_B11S))
+        return self.sublayer(y_BTD, 3, self.ffn)
 
     def step(
         self, y_BTD: Tensor, cache: KVCache, layer: int, mem_keep_B11S: Tensor | None
     ) -> Tensor:
         """The same layer for new positions only, reading and extending the KV cache."""
 
-        def self_attn(h_BTD: Tensor) -> AttentionOutput:
+        def self_attn(h_BTD: Tensor) -> Tensor:
             q_BHTK, k_BHTK, v_BHTK = self.self_attn.project_qkv(h_BTD)
-            k_BHLK, v_BHLK = cache.append_self(layer, k_BHTK, v_BHTK)
-            return self.self_attn.attend(q_BHTK, k_BHLK, v_BHLK, None, causal=True)
+            k_BHCK, v_BHCK = cache.append_self(layer, k_BHTK, v_BHTK)  # C: cached positions
+            return self.self_attn.attend(q_BHTK, k_BHCK, v_BHCK, None, causal=True)
 
-        def cross_attn(h_BTD: Tensor) -> AttentionOutput:
+        def cross_attn(h_BTD: Tensor) -> Tensor:
             q_BHTK = self.cross_attn.project_q(h_BTD)
             k_BHSK, v_BHSK = cache.cross_k[layer], cache.cross_v[layer]
             return self.cross_attn.attend(q_BHTK, k_BHSK, v_BHSK, mem_keep_B11S)
 
-        y_BTD, _ = self._sublayer(y_BTD, 1, self_attn)
-        y_BTD, _ = self._sublayer(y_BTD, 2, cross_attn)
-        y_BTD, _ = self._sublayer(y_BTD, 3, self.ffn)
-        return y_BTD
-
-
-def _residual(x: Tensor, sub: Tensor, name: str) -> Tensor:
-    out = x + sub
-    tap(name, out)
-    return out
+        y_BTD = self.sublayer(y_BTD, 1, self_attn)
+        y_BTD = self.sublayer(y_BTD, 2, cross_attn)
+        return self.sublayer(y_BTD, 3, self.ffn)
 
 
 class Encoder(nn.Module):
@@ -241,23 +200,13 @@ class Encoder(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
         self.trace_name = "stack"
 
-    def forward(
-        self,
-        x_BSD: Tensor,
-        keep_B11S: Tensor | None,
-        *,
-        causal: bool = False,
-        return_attention: bool = False,
-    ) -> tuple[Tensor, list[Tensor]]:
-        maps = []
+    def forward(self, x_BSD: Tensor, keep_B11S: Tensor | None, *, causal: bool = False) -> Tensor:
         for layer in self.layers:
-            x_BSD, w = layer(x_BSD, keep_B11S, causal=causal, return_attention=return_attention)
-            if w is not None:
-                maps.append(w)
+            x_BSD = layer(x_BSD, keep_B11S, causal=causal)
         if self.norm is not None:  # pre-LN: the final LayerNorm
             x_BSD = self.norm(x_BSD)
             tap(f"{self.trace_name}.norm", x_BSD)
-        return x_BSD, maps
+        return x_BSD
 
 
 class Decoder(nn.Module):
@@ -269,28 +218,17 @@ class Decoder(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
         self.trace_name = "stack"
 
-    def forward(
-        self,
-        y_BTD: Tensor,
-        mem_BSD: Tensor,
-        mem_keep_B11S: Tensor | None,
-        *,
-        return_attention: bool = False,
-    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        self_maps, cross_maps = [], []
+    def forward(self, y_BTD: Tensor, mem_BSD: Tensor, mem_keep_B11S: Tensor | None) -> Tensor:
         for layer in self.layers:
-            y_BTD, sw, cw = layer(y_BTD, mem_BSD, mem_keep_B11S, return_attention=return_attention)
-            if sw is not None and cw is not None:
-                self_maps.append(sw)
-                cross_maps.append(cw)
-        if self.norm is not None:  # pre-LN: the final LayerNorm
-            y_BTD = self.norm(y_BTD)
-            tap(f"{self.trace_name}.norm", y_BTD)
-        return y_BTD, self_maps, cross_maps
+            y_BTD = layer(y_BTD, mem_BSD, mem_keep_B11S)
+        return self._final_norm(y_BTD)
 
     def step(self, y_BTD: Tensor, cache: KVCache, mem_keep_B11S: Tensor | None) -> Tensor:
         for i, layer in enumerate(self.layers):
             y_BTD = layer.step(y_BTD, cache, i, mem_keep_B11S)
+        return self._final_norm(y_BTD)
+
+    def _final_norm(self, y_BTD: Tensor) -> Tensor:
         if self.norm is not None:  # pre-LN: the final LayerNorm
             y_BTD = self.norm(y_BTD)
             tap(f"{self.trace_name}.norm", y_BTD)
@@ -302,12 +240,26 @@ class Decoder(nn.Module):
 
 @dataclass
 class AttentionMaps:
-    """Every attention map of one forward pass: one (B, H, T_q, T_k) tensor per layer."""
+    """Every attention map of one forward pass: one (B, H, T_q, T_k) tensor per layer, read from
+    the trace of that pass (the model computes them only when traced)."""
 
     enc_self: list[Tensor]
     dec_self: list[Tensor]
     cross: list[Tensor]
 
+    @classmethod
+    def from_trace(cls, trace: Trace) -> AttentionMaps:
+        """The maps `model(...)` recorded under `tracing()`, by layer (a DecoderLM's causal
+        self-attention is under its `decoder`: `dec_self`)."""
+
+        def maps(stack: str, kind: str) -> list[Tensor]:
+            prefix, suffix = f"{stack}.layers.", f".{kind}.weights"
+            found = {int(name[len(prefix) : -len(suffix)]): w for name, w in trace.tensors.items()
+                     if name.startswith(prefix) and name.endswith(suffix)}  # fmt: skip
+            return [found[i] for i in sorted(found)]
+
+        return cls(maps("encoder", "self_attn"), maps("decoder", "self_attn"),
+                   maps("decoder", "cross_attn"))  # fmt: skip
 
 # --- the model ------------------------------------------------------------------------------------
 
@@ -401,49 +353,29 @@ class Transformer(_ModelBase):
             self.generator.weight = tgt_tokens.weight
         self._name_for_trace()
 
-    def encode(self, src_BS: Tensor, *, return_attention: bool = False) -> Memory:
+    def encode(self, src_BS: Tensor) -> Memory:
         """Run the encoder once; decoding reuses the result for every step."""
-        memory, _ = self._encode(src_BS, return_attention=return_attention)
-        return memory
-
-    def _encode(self, src_BS: Tensor, *, return_attention: bool) -> tuple[Memory, list[Tensor]]:
         self.check_ids(src_BS, "source")
         keep_BS = src_BS != self.cfg.pad_id
-        x_BSD = self.src_embed(src_BS)
-        out_BSD, maps = self.encoder(
-            x_BSD, keep_BS[:, None, None, :], return_attention=return_attention
-        )
-        return Memory(out_BSD, keep_BS), maps
+        out_BSD = self.encoder(self.src_embed(src_BS), keep_BS[:, None, None, :])
+        return Memory(out_BSD, keep_BS)
 
-    def decode(
-        self, tgt_in_BT: Tensor, memory: Memory, *, return_attention: bool = False
-    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        """Decoder + output layer over a target prefix: (logits_BTV, self maps, cross maps)."""
+    def decode(self, tgt_in_BT: Tensor, memory: Memory) -> Tensor:
+        """Decoder + output layer over a whole target prefix: logits_BTV."""
         self.check_ids(tgt_in_BT, "target")
-        y_BTD = self.tgt_embed(tgt_in_BT)
-        y_BTD, self_maps, cross_maps = self.decoder(
-            y_BTD, memory.out_BSD, memory.keep_B11S, return_attention=return_attention
-        )
+        y_BTD = self.decoder(self.tgt_embed(tgt_in_BT), memory.out_BSD, memory.keep_B11S)
         logits_BTV = self.generator(y_BTD)
         tap("generator.logits", logits_BTV)
-        return logits_BTV, self_maps, cross_maps
+        return logits_BTV
 
-    def forward(
-        self, src_BS: Tensor, tgt_in_BT: Tensor, *, return_attention: bool = False
-    ) -> Tensor | tuple[Tensor, AttentionMaps]:
-        """Logits for every target position given the source and the shifted-right target.
-
-        Returns `logits_BTV`, or `(logits_BTV, AttentionMaps)` with `return_attention=True`.
-        """
-        memory, enc_maps = self._encode(src_BS, return_attention=return_attention)
+    def forward(self, src_BS: Tensor, tgt_in_BT: Tensor) -> Tensor:
+        """Logits (B, T, V) for every target position given the source and the shifted-right
+        target. Attention maps and every other intermediate: run it under `tracing()`
+        (`AttentionMaps.from_trace` collects the maps)."""
+        memory = self.encode(src_BS)
         if tgt_in_BT.size(0) != src_BS.size(0):
             raise ValueError(f"source batch {src_BS.size(0)} != target batch {tgt_in_BT.size(0)}")
-        logits_BTV, self_maps, cross_maps = self.decode(
-            tgt_in_BT, memory, return_attention=return_attention
-        )
-        if return_attention:
-            return logits_BTV, AttentionMaps(enc_maps, self_maps, cross_maps)
-        return logits_BTV
+        return self.decode(tgt_in_BT, memory)
 
     # --- incremental decoding: the narrow interface search code uses ------------------------
 
@@ -498,7 +430,7 @@ class EncoderClassifier(_ModelBase):
         """Class logits (B, n_classes); the mean is over real (non-PAD) positions only."""
         self.check_ids(ids_BS, "input")
         keep_BS = ids_BS != self.cfg.pad_id
-        x_BSD, _ = self.encoder(self.embed(ids_BS), keep_BS[:, None, None, :])
+        x_BSD = self.encoder(self.embed(ids_BS), keep_BS[:, None, None, :])
         keep_BS1 = keep_BS[:, :, None].to(x_BSD.dtype)
         pooled_BD = (x_BSD * keep_BS1).sum(1) / keep_BS1.sum(1).clamp(min=1.0)
         return self.classifier(pooled_BD)
@@ -520,16 +452,10 @@ class DecoderLM(_ModelBase):
             self.generator.weight = tokens.weight
         self._name_for_trace()
 
-    def forward(
-        self, ids_BT: Tensor, *, return_attention: bool = False
-    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+    def forward(self, ids_BT: Tensor) -> Tensor:
         """Next-token logits (B, T, V) at every position; position t sees tokens 0..t only."""
         self.check_ids(ids_BT, "input")
-        y_BTD, maps = self.decoder(
-            self.embed(ids_BT), None, causal=True, return_attention=return_attention
-        )
-        logits_BTV = self.generator(y_BTD)
-        return (logits_BTV, maps) if return_attention else logits_BTV
+        return self.generator(self.decoder(self.embed(ids_BT), None, causal=True))
 
 
 MODEL_CLASSES: dict[str, type[_ModelBase]] = {

@@ -19,11 +19,11 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from aiayn.attention import tracing
 from aiayn.config import BOS_ID, PAD_ID
 from aiayn.errors import AiaynError
 from aiayn.model import AttentionMaps, DecoderLM, EncoderClassifier, Transformer
 from aiayn.tokenizer import Tokenizer
+from aiayn.tracing import tracing
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def examples_from_maps(
 
     Args:
         src_BS, tgt_in_BT, tgt_out_BT: right-padded ids; tgt_out is tgt_in shifted left.
-        maps: from `model(src_BS, tgt_in_BT, return_attention=True)`.
+        maps: `AttentionMaps.from_trace(trace)` of `model(src_BS, tgt_in_BT)` under `tracing()`.
     """
     out = []
     for b in range(src_BS.size(0)):
@@ -114,7 +114,9 @@ def attention_for_translations(
         tgt_out_BT[b, : len(out)] = torch.tensor(out)
     model.eval()
     device = next(model.parameters()).device
-    _, maps = model(src_BS.to(device), tgt_in_BT.to(device), return_attention=True)
+    with tracing() as trace:  # the maps come from the taps, as in `aiayn explain`
+        model(src_BS.to(device), tgt_in_BT.to(device))
+    maps = AttentionMaps.from_trace(trace)
     maps = AttentionMaps(  # pictures are drawn on the CPU
         *([m.cpu() for m in kind] for kind in (maps.enc_self, maps.dec_self, maps.cross))
     )
