@@ -108,9 +108,10 @@ def make_batches(size: Size, n_batches: int, seed: int) -> list[Batch]:
         s = rng.randint(lo, hi)
         t = max(2, s + rng.randint(-3, 3)) if lo != hi else s
         src = (*(rng.randint(4, size.vocab - 1) for _ in range(s)), 3)
-        exs.append(Example(src, tuple(rng.randint(4, size.vocab - 1) for _ in range(t))))
+        tgt = (2, *(rng.randint(4, size.vocab - 1) for _ in range(t)), 3)  # BOS ... EOS
+        exs.append(Example(src, tgt))
     plan = batch_plan(exs, size.max_tokens, seed=seed)
-    return [collate(exs, idx) for idx in plan[:n_batches]]
+    return [collate(exs, idx, 0) for idx in plan[:n_batches]]
 
 
 def train_flops(size: Size, src_BS: Tensor, tgt_BT: Tensor) -> float:

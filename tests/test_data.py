@@ -91,12 +91,14 @@ def test_encode_pairs_drops_overlong_by_tokens(tok):
     stats = DataStats(read=3)
     exs = encode_pairs(pairs, tok, max_len=20, stats=stats)
     assert len(exs) == 1 and stats.too_long_tokens == 2 and stats.kept == 1
-    assert exs[0].src[-1] == EOS_ID and EOS_ID not in exs[0].tgt
+    assert exs[0].src[-1] == EOS_ID and exs[0].tgt[0] == BOS_ID and exs[0].tgt[-1] == EOS_ID
+    assert exs[0].tgt[1:-1] == tuple(tok.encode("house", eos=False))  # framed by the tokenizer
 
 
 def test_collate_shifts_targets_and_pads():
-    exs = [Example((5, 6, EOS_ID), (7, 8, 9)), Example((5, EOS_ID), (7,))]
-    b = collate(exs, [0, 1])
+    exs = [Example((5, 6, EOS_ID), (BOS_ID, 7, 8, 9, EOS_ID)),
+           Example((5, EOS_ID), (BOS_ID, 7, EOS_ID))]  # fmt: skip
+    b = collate(exs, [0, 1], PAD_ID)
     assert b.src_BS.tolist() == [[5, 6, EOS_ID], [5, EOS_ID, PAD_ID]]
     assert b.tgt_in_BT.tolist() == [[BOS_ID, 7, 8, 9], [BOS_ID, 7, PAD_ID, PAD_ID]]
     assert b.tgt_out_BT.tolist() == [[7, 8, 9, EOS_ID], [7, EOS_ID, PAD_ID, PAD_ID]]
@@ -112,7 +114,7 @@ def random_examples(seed: int, n: int, max_len: int) -> list[Example]:
         t = rng.randint(1, max_len - 3)
         s = max(0, t + rng.randint(-2, 2))
         src = (*(rng.randint(4, 50) for _ in range(s)), EOS_ID)
-        out.append(Example(src, tuple(rng.randint(4, 50) for _ in range(t))))
+        out.append(Example(src, (BOS_ID, *(rng.randint(4, 50) for _ in range(t)), EOS_ID)))
     return out
 
 
@@ -129,7 +131,7 @@ def test_batch_plan_partitions_and_respects_budget(seed, n, max_tokens, epoch):
     flat = sorted(i for idx in plan for i in idx)
     assert flat == list(range(n))  # every example in exactly one batch
     for idx in plan:
-        b = collate(exs, idx)
+        b = collate(exs, idx, PAD_ID)
         padded = len(idx) * max(b.src_BS.size(1), b.tgt_out_BT.size(1))
         assert padded <= max_tokens
     assert plan == batch_plan(exs, max_tokens, seed=seed, epoch=epoch)  # a pure function
@@ -151,6 +153,6 @@ def test_bucketing_beats_random_batching_on_padding():
 
 
 def test_example_larger_than_budget_is_a_clear_error():
-    exs = [Example((5,) * 30 + (EOS_ID,), (6,))]
+    exs = [Example((5,) * 30 + (EOS_ID,), (BOS_ID, 6, EOS_ID))]
     with pytest.raises(DataError, match="does not fit max_tokens=16"):
         batch_plan(exs, 16)

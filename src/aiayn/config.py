@@ -19,8 +19,10 @@ from typing import Any, Literal
 
 from aiayn.errors import ConfigError
 
-# Special token ids. The tokenizer trains SentencePiece with exactly these ids, so the model,
-# the data pipeline and decoding never have to ask it. This is the only place they are defined.
+# The special-id layout aiayn trains its SentencePiece vocabularies with (tokenizer.py), and
+# ModelConfig's defaults. Nothing else reads these: a vocabulary owns its ids (Tokenizer.pad_id,
+# ...), a model records them (ModelConfig.pad_id, ...), so a vocabulary with another layout (a
+# Marian model's: eos 0, pad last) fits without remapping.
 PAD_ID = 0
 UNK_ID = 1
 BOS_ID = 2

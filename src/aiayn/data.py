@@ -7,7 +7,7 @@ The path a sentence pair takes:
     encode_pairs(pairs, tok)     SentencePiece ids; pairs longer than max_len dropped, counted
     batch_plan(examples, ...)    index lists whose padded size B * max_len fits `max_tokens`
     collate(examples, indices)   a padded `Batch` (src = ids + EOS, tgt_in = BOS + ids,
-                                 tgt_out = ids + EOS)
+                                 tgt_out = ids + EOS); `pad_rows` is the one padding function
     load_data / StepLoader       a training run's corpora, and each optimizer step's share
                                  of batches for this rank
 
@@ -29,7 +29,7 @@ from typing import BinaryIO
 import torch
 from torch import Tensor
 
-from aiayn.config import BOS_ID, EOS_ID, PAD_ID, TrainConfig
+from aiayn.config import TrainConfig
 from aiayn.distributed import Dist
 from aiayn.errors import ConfigError, DataError
 from aiayn.tokenizer import Tokenizer
@@ -164,10 +164,15 @@ def _filtered(pairs: Iterator[tuple[str, str]], stats: DataStats) -> Iterator[tu
 
 @dataclass(frozen=True)
 class Example:
-    """One encoded pair: source ids ending in EOS, target ids without specials."""
+    """One encoded pair, framed by the tokenizer (the only code that adds BOS and EOS)."""
 
-    src: tuple[int, ...]
-    tgt: tuple[int, ...]
+    src: tuple[int, ...]  # source ids + EOS
+    tgt: tuple[int, ...]  # BOS + target ids + EOS: the decoder reads tgt[:-1], predicts tgt[1:]
+
+    @property
+    def tgt_positions(self) -> int:
+        """Decoder positions (= target tokens predicted, EOS included)."""
+        return len(self.tgt) - 1
 
 
 def encode_pairs(
@@ -191,9 +196,9 @@ def encode_pairs(
         if not part:
             break
         srcs = tok.encode_batch([s for s, _ in part], eos=True)
-        tgts = tok.encode_batch([t for _, t in part], eos=False)
+        tgts = tok.encode_batch([t for _, t in part], bos=True, eos=True)
         for i, (s, t) in enumerate(zip(srcs, tgts, strict=True)):
-            if len(s) > max_len or len(t) + 1 > max_len:
+            if len(s) > max_len or len(t) - 1 > max_len:
                 stats.drop("too_long_tokens", f"kept pair {start + i + 1}")
             else:
                 out.append(Example(tuple(s), tuple(t)))
@@ -207,11 +212,12 @@ def encode_pairs(
 
 @dataclass(frozen=True)
 class Batch:
-    """Right-padded ids; masks are built by the model from PAD_ID, never stored here."""
+    """Right-padded ids; masks are built by the model from its pad id, never stored here."""
 
     src_BS: Tensor
     tgt_in_BT: Tensor  # BOS + target ids (teacher forcing input, shifted right)
     tgt_out_BT: Tensor  # target ids + EOS (what the model must predict)
+    n_tgt_tokens: int  # real (non-PAD) positions of tgt_out: counted on the host, no sync
 
     def to(self, device: torch.device | str) -> Batch:
         """The batch on `device`. To a GPU the copy goes through pinned (page-locked) memory
@@ -223,16 +229,12 @@ class Batch:
         return Batch(*(
             (t.pin_memory() if gpu else t).to(device, non_blocking=gpu)
             for t in (self.src_BS, self.tgt_in_BT, self.tgt_out_BT)
-        ))  # fmt: skip
-
-    @property
-    def n_tgt_tokens(self) -> int:
-        return int((self.tgt_out_BT != PAD_ID).sum())
+        ), self.n_tgt_tokens)  # fmt: skip
 
 
 def example_size(ex: Example) -> int:
     """Positions the pair occupies in a padded batch: its longer side (target counts EOS)."""
-    return max(len(ex.src), len(ex.tgt) + 1)
+    return max(len(ex.src), ex.tgt_positions)
 
 
 def batch_plan(
@@ -273,21 +275,24 @@ def batch_plan(
     return batches
 
 
-def _pad(rows: list[Sequence[int]]) -> Tensor:
+def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> Tensor:
+    """(len(rows), longest) long tensor of the rows, right-padded with `pad_id`: the one padding
+    function (training batches, translation batches, attention pictures)."""
     width = max(len(r) for r in rows)
-    out = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
+    out = torch.full((len(rows), width), pad_id, dtype=torch.long)
     for b, r in enumerate(rows):
         out[b, : len(r)] = torch.tensor(r, dtype=torch.long)
     return out
 
 
-def collate(examples: Sequence[Example], indices: Sequence[int]) -> Batch:
+def collate(examples: Sequence[Example], indices: Sequence[int], pad_id: int) -> Batch:
     """The padded `Batch` of `examples[indices]`."""
     exs = [examples[i] for i in indices]
     return Batch(
-        _pad([e.src for e in exs]),
-        _pad([(BOS_ID, *e.tgt) for e in exs]),
-        _pad([(*e.tgt, EOS_ID) for e in exs]),
+        pad_rows([e.src for e in exs], pad_id),
+        pad_rows([e.tgt[:-1] for e in exs], pad_id),
+        pad_rows([e.tgt[1:] for e in exs], pad_id),
+        sum(e.tgt_positions for e in exs),
     )
 
 
@@ -296,7 +301,7 @@ def padding_efficiency(examples: Sequence[Example], plan: Sequence[Sequence[int]
     real = padded = 0
     for idx in plan:
         s = [len(examples[i].src) for i in idx]
-        t = [len(examples[i].tgt) + 1 for i in idx]
+        t = [examples[i].tgt_positions for i in idx]
         real += sum(s) + sum(t)
         padded += len(idx) * (max(s) + max(t))
     return real / padded if padded else 1.0
@@ -375,7 +380,7 @@ class StepLoader:
         over all ranks, and the data position after the step."""
         plan = self.plan(epoch)
         chunk = plan[batch_in_epoch : batch_in_epoch + self.per_step]
-        tokens = sum(len(self.data[i].tgt) + 1 for idx in chunk for i in idx)
+        tokens = sum(self.data[i].tgt_positions for idx in chunk for i in idx)
         after = batch_in_epoch + self.per_step
         position = (epoch + 1, 0) if after + self.per_step > len(plan) else (epoch, after)
         return chunk[self.d.rank :: self.d.world], tokens, position

@@ -2,7 +2,8 @@
 
 Trained on the training text (BPE or unigram), with byte fallback so that no character is ever
 lost to <unk>, and no normalisation, so `decode(encode(s)) == s` for text without runs of
-spaces. The special ids are `aiayn.config.PAD_ID/UNK_ID/BOS_ID/EOS_ID`, baked into the model.
+spaces. It is trained with aiayn's special-id layout (`aiayn.config.PAD_ID`, ...) and then
+owns its ids: `tok.pad_id`, `tok.bos_id`, `tok.eos_id`, which a model trained on it records.
 """
 
 from __future__ import annotations
@@ -31,12 +32,13 @@ class Tokenizer:
             self.sp.LoadFromSerializedProto(proto)
         except (RuntimeError, OSError, TypeError) as e:
             raise CheckpointError(f"not a SentencePiece model: {e}") from None
-        ids = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
-        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-            raise CheckpointError(
-                f"tokenizer special ids pad/unk/bos/eos={ids} differ from aiayn's "
-                f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}"
-            )
+        # The vocabulary owns its special ids; a model records them (ModelConfig.pad_id/...),
+        # and every other part of aiayn reads them from one of the two, never from constants.
+        self.pad_id, self.bos_id, self.eos_id = self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id()
+        missing = [n for n, i in (("pad", self.pad_id), ("bos", self.bos_id), ("eos", self.eos_id))
+                   if i < 0]  # fmt: skip
+        if missing:
+            raise CheckpointError(f"the tokenizer defines no {'/'.join(missing)} piece")
 
     @classmethod
     def train(
@@ -120,15 +122,22 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.sp.get_piece_size()
 
+    @property
+    def special_ids(self) -> dict[str, int]:
+        """The ids a model trained on this vocabulary records (ModelConfig fields)."""
+        return {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
+
     def encode(self, text: str, *, bos: bool = False, eos: bool = True) -> list[int]:
-        """Subword ids of `text`; EOS appended by default (sources and targets both end in it)."""
-        ids = self.sp.encode(text, out_type=int)
-        return ([BOS_ID] if bos else []) + ids + ([EOS_ID] if eos else [])
+        """Subword ids of `text`; EOS appended by default (sources and targets both end in it).
+
+        This is the one place aiayn adds BOS and EOS: a source is ids + EOS, a training
+        target BOS + ids + EOS (`aiayn.data.Example`)."""
+        return self.encode_batch([text], bos=bos, eos=eos)[0]
 
     def encode_batch(
         self, texts: Sequence[str], *, bos: bool = False, eos: bool = True
     ) -> list[list[int]]:
-        pre, post = [BOS_ID] if bos else [], [EOS_ID] if eos else []
+        pre, post = [self.bos_id] if bos else [], [self.eos_id] if eos else []
         return [pre + ids + post for ids in self.sp.encode(list(texts), out_type=int)]
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -136,9 +145,9 @@ class Tokenizer:
         out = []
         for i in ids:
             i = int(i)
-            if i == EOS_ID:
+            if i == self.eos_id:
                 break
-            if i not in (PAD_ID, BOS_ID):
+            if i not in (self.pad_id, self.bos_id):
                 out.append(i)
         return self.sp.decode(out)
 

@@ -131,7 +131,7 @@ def validate(
     plan = batch_plan(data, tc.max_tokens, shuffle=False)
     totals = torch.zeros(3, dtype=torch.float64, device=d.device)  # loss, NLL, tokens
     for idx in plan[d.rank :: d.world]:
-        cpu_batch = collate(data, idx)
+        cpu_batch = collate(data, idx, model.cfg.pad_id)
         b = cpu_batch.to(d.device)
         with precision.autocast():
             logits_BTV = model(b.src_BS, b.tgt_in_BT)
@@ -156,7 +156,8 @@ def validation_bleu(
     for start in range(0, min(n, len(data)), 32):
         idx = list(range(start, min(start + 32, n, len(data))))
         with precision.autocast():
-            ids = greedy_decode(model, collate(data, idx).src_BS.to(precision.device))
+            src_BS = collate(data, idx, model.cfg.pad_id).src_BS
+            ids = greedy_decode(model, src_BS.to(precision.device))
         hyps.extend(tok.decode(x) for x in ids)
     return metrics.bleu(hyps, refs[: len(hyps)])
 
@@ -391,7 +392,8 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.M
     out = Path(tc.out_dir)
     resume = find_resume(out)
     tok = prepare_tokenizer(cfg, out, resume, tokenizer, d)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=tok.vocab_size))
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(  # the vocabulary's sizes and ids
+        cfg.model, vocab_size=tok.vocab_size, **tok.special_ids))
     if tc.max_len > cfg.model.max_len:
         raise ConfigError(f"train.max_len={tc.max_len} exceeds model.max_len={cfg.model.max_len}")
     fingerprint = data_fingerprint(tc)
@@ -443,7 +445,8 @@ def _loop(run: _Run, net: torch.nn.Module, progress: bool) -> str:
             chunk, tokens, (state.epoch, state.batch_in_epoch) = loader.next_step(
                 state.epoch, state.batch_in_epoch
             )
-            batches = [collate(run.data.train, idx).to(d.device) for idx in chunk]
+            pad_id = run.cfg.model.pad_id
+            batches = [collate(run.data.train, idx, pad_id).to(d.device) for idx in chunk]
             totals = train_step(net, run.opt, batches, tokens=tokens, lr=lr,
                                 pad_id=run.cfg.model.pad_id, tc=tc, d=d,
                                 precision=run.precision)  # fmt: skip

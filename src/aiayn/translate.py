@@ -24,8 +24,8 @@ import torch
 from tqdm import tqdm
 
 from aiayn.checkpoint import load_model_dir
-from aiayn.config import EOS_ID, PAD_ID, RUN_CONFIG_FILE, DecodeConfig, from_dict
-from aiayn.data import read_lines
+from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, from_dict
+from aiayn.data import pad_rows, read_lines
 from aiayn.decode import Hypothesis, check_decode_config, search
 from aiayn.device import Precision, choose_precision, resolve_device
 from aiayn.errors import CheckpointError, DataError
@@ -104,6 +104,12 @@ class Translator:
             raise CheckpointError(
                 f"tokenizer has {tokenizer.vocab_size} pieces but the model expects "
                 f"{model.cfg.vocab_size}: they come from different runs"
+            )
+        model_ids = {k: getattr(model.cfg, k) for k in tokenizer.special_ids}
+        if tokenizer.special_ids != model_ids:
+            raise CheckpointError(
+                f"tokenizer special ids {tokenizer.special_ids} differ from the model's "
+                f"{model_ids}: they come from different runs"
             )
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -230,13 +236,10 @@ class Translator:
             limit,
             limit - 1,
         )
-        return [*ids[: limit - 1], EOS_ID]
+        return [*ids[: limit - 1], self.tokenizer.eos_id]
 
     def _pad(self, rows: list[list[int]]) -> torch.Tensor:
-        src_BS = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
-        for i, row in enumerate(rows):
-            src_BS[i, : len(row)] = torch.tensor(row)
-        return src_BS.to(self.device)
+        return pad_rows(rows, self.model.cfg.pad_id).to(self.device)
 
 
 # --- files and streams, for `aiayn translate` and `aiayn evaluate` --------------------------------

@@ -19,7 +19,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from aiayn.config import BOS_ID, PAD_ID
+from aiayn.data import pad_rows
 from aiayn.errors import AiaynError
 from aiayn.model import AttentionMaps, DecoderLM, EncoderClassifier, Transformer
 from aiayn.tokenizer import Tokenizer
@@ -78,8 +78,8 @@ def examples_from_maps(
     """
     out = []
     for b in range(src_BS.size(0)):
-        S = int((src_BS[b] != PAD_ID).sum())
-        T = int((tgt_in_BT[b] != PAD_ID).sum())
+        S = int((src_BS[b] != tok.pad_id).sum())
+        T = int((tgt_in_BT[b] != tok.pad_id).sum())
         ex = AttentionExample(
             tok.pieces(src_BS[b, :S].tolist()),
             tok.pieces(tgt_out_BT[b, :T].tolist()),
@@ -103,15 +103,9 @@ def attention_for_translations(
     from aiayn.explain import greedy_translate
 
     pairs = [greedy_translate(model, tok, s, max_len) for s in sentences]
-    S = max(len(src) for src, _ in pairs)
-    T = max(len(out) for _, out in pairs)
-    src_BS = torch.full((len(pairs), S), PAD_ID)
-    tgt_in_BT = torch.full((len(pairs), T), PAD_ID)
-    tgt_out_BT = torch.full((len(pairs), T), PAD_ID)
-    for b, (src, out) in enumerate(pairs):
-        src_BS[b, : len(src)] = torch.tensor(src)
-        tgt_in_BT[b, : len(out)] = torch.tensor([BOS_ID, *out[:-1]])
-        tgt_out_BT[b, : len(out)] = torch.tensor(out)
+    src_BS = pad_rows([src for src, _ in pairs], tok.pad_id)
+    tgt_in_BT = pad_rows([[tok.bos_id, *out[:-1]] for _, out in pairs], tok.pad_id)
+    tgt_out_BT = pad_rows([out for _, out in pairs], tok.pad_id)
     model.eval()
     device = next(model.parameters()).device
     with tracing() as trace:  # the maps come from the taps, as in `aiayn explain`
@@ -136,9 +130,7 @@ def attention_for_inputs(
     """
     kind = "enc_self" if isinstance(model, EncoderClassifier) else "lm_self"
     ids = [tok.encode(s, bos=kind == "lm_self") for s in sentences]
-    ids_BS = torch.full((len(ids), max(map(len, ids))), PAD_ID)
-    for b, row in enumerate(ids):
-        ids_BS[b, : len(row)] = torch.tensor(row)
+    ids_BS = pad_rows(ids, tok.pad_id)
     model.eval()
     with tracing() as rec:
         model(ids_BS.to(next(model.parameters()).device))
