@@ -20,7 +20,7 @@ from aiayn.checkpoint import save_model_dir
 from aiayn.cli import main
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import DataError
-from aiayn.metrics import bleu, chrf, exact_match
+from aiayn.metrics import bleu, bleu_by_source_length, chrf, exact_match
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
 from aiayn.translate import Translator, read_lines, token_budget_batches
@@ -106,6 +106,10 @@ def test_metrics() -> None:
     assert short.length_ratio == pytest.approx(5 / 8)
     assert short.brevity_penalty == pytest.approx(math.exp(1 - 8 / 5))
     assert chrf(refs, refs).length_ratio is None
+    srcs = ["one two three", " ".join(["w"] * 12)]
+    buckets = bleu_by_source_length(srcs, ["the cat sat", "a dog"], refs)
+    assert [(b["source_words"], b["sentences"]) for b in buckets] == [("1-10", 1), ("11-20", 1)]
+    assert buckets[0]["length_ratio"] == pytest.approx(3 / 6)
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -152,6 +156,7 @@ def test_cli_evaluate_json(model_dir: Path, tmp_path: Path, capsys: pytest.Captu
     assert set(result) >= {"bleu", "chrf", "exact_match", "sentences", "length_ratio",
                            "brevity_penalty"}  # fmt: skip
     assert isinstance(result["length_ratio"], float) and 0 < result["brevity_penalty"] <= 1
+    assert sum(b["sentences"] for b in result["by_source_length"]) == 6
     assert result["bleu"]["signature"].startswith("nrefs:1|")
     assert result["sentences"] == 6
     assert main([*base, "--beam", "1", "--max-len-b", "5"]) == 0

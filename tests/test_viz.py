@@ -220,11 +220,14 @@ def test_plot_log_with_bleu_and_a_resumed_run(tmp_path):
     write_log(tmp_path, [
         {"step": 100, "loss": 3.0, "ppl": 20.0, "lr": 1e-3},
         {"step": 200, "loss": 2.0, "ppl": 7.0, "lr": 9e-4},
-        {"step": 200, "valid_loss": 2.5, "valid_ppl": 12.0, "valid_bleu": 10.0},
+        {"step": 200, "valid_loss": 2.5, "valid_ppl": 12.0, "valid_bleu": 10.0,
+         "valid_length_ratio": 0.93, "valid_bp": 0.926},
         {"step": 200, "loss": 2.1, "ppl": 8.0, "lr": 9e-4},  # resumed from step 100: step 200 again
     ])  # fmt: skip
     fig = plot_training_log(tmp_path / "metrics.jsonl")
-    assert panel_titles(fig) == ["loss", "perplexity", "learning rate", "BLEU"]
+    assert panel_titles(fig) == ["loss", "perplexity", "learning rate", "BLEU", "length"]
+    assert [line.get_label() for line in fig.axes[4].get_lines()] == ["hyp / ref length",
+                                                                      "brevity penalty"]
     assert list(fig.axes[0].get_lines()[0].get_ydata()) == [3.0, 2.1]  # the later record wins
 
 

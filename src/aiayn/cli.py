@@ -227,6 +227,9 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     for key in ("bleu", "chrf"):
         print(f"{result[key]['text']}\n  signature: {result[key]['signature']}")
     print(f"exact match = {result['exact_match']:.2f}% of {result['sentences']} sentences")
+    for b in result["by_source_length"]:  # where short outputs (ratio < 1) cost BLEU
+        print(f"  source {b['source_words']:>6} words: {b['sentences']:5d} sentences, "
+              f"BLEU {b['bleu']:5.2f}, length ratio {b['length_ratio']:.3f}")
     return 0
 
 

@@ -9,6 +9,7 @@ only when the signatures match (Post 2018, "A Call for Clarity in Reporting BLEU
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,6 +58,27 @@ def chrf(hyps: Sequence[str], refs: Sequence[str]) -> Score:
     metric = CHRF()
     result = metric.corpus_score(list(hyps), [list(refs)])
     return Score(result.name, float(result.score), str(metric.get_signature()), str(result))
+
+
+def bleu_by_source_length(
+    srcs: Sequence[str], hyps: Sequence[str], refs: Sequence[str],
+    edges: Sequence[int] = (10, 20, 30),
+) -> list[dict[str, object]]:
+    """Corpus BLEU and length ratio per bucket of source length in words (1-10, 11-20, 21-30,
+    31+ by default): where in the length range a model loses, e.g. to short translations."""
+    _check(hyps, refs)
+    bounds = [0, *edges, None]
+    out: list[dict[str, object]] = []
+    for lo, hi in itertools.pairwise(bounds):
+        idx = [i for i, s in enumerate(srcs)
+               if len(s.split()) > lo and (hi is None or len(s.split()) <= hi)]  # fmt: skip
+        if not idx:
+            continue
+        score = bleu([hyps[i] for i in idx], [refs[i] for i in idx])
+        out.append({"source_words": f"{lo + 1}-{hi}" if hi is not None else f"{lo + 1}+",
+                    "sentences": len(idx), "bleu": score.score,
+                    "length_ratio": score.length_ratio})  # fmt: skip
+    return out
 
 
 def exact_match(hyps: Sequence[str], refs: Sequence[str]) -> float:

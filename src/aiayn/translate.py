@@ -29,7 +29,7 @@ from aiayn.data import pad_rows, read_lines
 from aiayn.decode import Hypothesis, check_decode_config, search
 from aiayn.device import Precision, choose_precision, resolve_device
 from aiayn.errors import CheckpointError, DataError
-from aiayn.metrics import bleu, chrf, exact_match
+from aiayn.metrics import bleu, bleu_by_source_length, chrf, exact_match
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
 
@@ -310,6 +310,7 @@ def evaluate_files(
         "bleu": corpus_bleu.to_dict(),
         "length_ratio": corpus_bleu.length_ratio,  # hypothesis / reference length (BLEU tokens)
         "brevity_penalty": corpus_bleu.brevity_penalty,
+        "by_source_length": bleu_by_source_length(src, hyps, refs),
         "chrf": chrf(hyps, refs).to_dict(),
         "exact_match": exact_match(hyps, refs),
         "sentences": len(hyps),

@@ -255,11 +255,15 @@ CURVES = [  # panel title, [(key, label)], log scale
     ("perplexity", [("ppl", "train"), ("valid_ppl", "valid")], True),
     ("learning rate", [("lr", "lr")], False),
     ("BLEU", [("valid_bleu", "valid BLEU")], False),
+    # hypothesis / reference length and BLEU's brevity penalty: below 1 = translations too short
+    ("length", [("valid_length_ratio", "hyp / ref length"), ("valid_bp", "brevity penalty")],
+     False),
 ]
 
 
 def plot_training_log(run_dir: str | Path) -> Figure:
-    """Loss, perplexity, learning rate and (when logged) BLEU against the training step."""
+    """Loss, perplexity, learning rate and (when logged) BLEU and the length ratio against the
+    training step."""
     path = Path(run_dir)
     path = path / "metrics.jsonl" if path.is_dir() else path
     if not path.exists():
