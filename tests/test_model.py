@@ -22,13 +22,12 @@ from aiayn.errors import ConfigError
 from aiayn.model import (
     AttentionMaps,
     DecoderLayer,
-    DecoderLM,
-    EncoderClassifier,
     EncoderLayer,
     Transformer,
     count_parameters,
 )
 from aiayn.tracing import tracing
+from aiayn.variants import DecoderLM, EncoderClassifier
 
 TOL = dict(rtol=1e-5, atol=1e-5)  # fp32 parity
 

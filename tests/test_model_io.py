@@ -9,7 +9,8 @@ import torch
 from aiayn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model_dir, save_model_dir
 from aiayn.cli import main
 from aiayn.errors import CheckpointError
-from aiayn.model import MODEL_CLASSES, DecoderLM, EncoderClassifier, Transformer
+from aiayn.model import Transformer
+from aiayn.variants import MODEL_CLASSES, DecoderLM, EncoderClassifier
 
 
 @pytest.mark.parametrize(

@@ -20,9 +20,10 @@ from aiayn.checkpoint import load_model_dir, save_model_dir
 from aiayn.cli import main
 from aiayn.config import BOS_ID, PAD_ID, ModelConfig
 from aiayn.errors import AiaynError
-from aiayn.model import AttentionMaps, DecoderLM, EncoderClassifier, Transformer
+from aiayn.model import AttentionMaps, Transformer
 from aiayn.tokenizer import Tokenizer
 from aiayn.tracing import tracing
+from aiayn.variants import DecoderLM, EncoderClassifier
 from aiayn.viz import (
     attention_figures,
     attention_for_model,

@@ -7,16 +7,9 @@ from aiayn.attention import (
 )
 from aiayn.config import Config, DecodeConfig, ModelConfig, TrainConfig, load_config
 from aiayn.errors import AiaynError, CheckpointError, ConfigError, DataError
-from aiayn.model import (
-    AttentionMaps,
-    DecoderLM,
-    EncoderClassifier,
-    KVCache,
-    Memory,
-    Transformer,
-    sinusoidal_positions,
-)
+from aiayn.model import AttentionMaps, KVCache, Memory, Transformer, sinusoidal_positions
 from aiayn.tracing import Trace, tracing
+from aiayn.variants import DecoderLM, EncoderClassifier
 
 __version__ = "0.1.0"
 

@@ -32,8 +32,9 @@ from aiayn.atomic import atomic_write_bytes, atomic_write_json, fsync_dir
 from aiayn.config import RUN_CONFIG_FILE, Config, ModelConfig, TrainConfig, from_dict, to_dict
 from aiayn.distributed import Dist
 from aiayn.errors import CheckpointError, ConfigError, DataError
-from aiayn.model import MODEL_CLASSES, _ModelBase
+from aiayn.model import _ModelBase
 from aiayn.tokenizer import TOKENIZER_FILE
+from aiayn.variants import MODEL_CLASSES
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=_ModelBase)

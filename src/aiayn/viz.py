@@ -21,9 +21,10 @@ from torch import Tensor
 
 from aiayn.data import pad_rows
 from aiayn.errors import AiaynError
-from aiayn.model import AttentionMaps, DecoderLM, EncoderClassifier, Transformer
+from aiayn.model import AttentionMaps, Transformer
 from aiayn.tokenizer import Tokenizer
 from aiayn.tracing import tracing
+from aiayn.variants import DecoderLM, EncoderClassifier
 
 log = logging.getLogger(__name__)
 
