@@ -1,6 +1,6 @@
 """The glass box: traced numbers are the model's numbers, names are stable, renderers show them,
 beam tracing makes the same decisions as aiayn.decode, and the seed replay matches
-WORKED_EXAMPLES.md to its printed precision."""
+docs/worked_example.md to its printed precision."""
 
 import contextlib
 import json
@@ -279,7 +279,7 @@ def test_beam_trace_is_consistent_with_the_model(eos_model):
 
 # --- the seeds' worked example --------------------------------------------------------------------
 
-DOC = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "WORKED_EXAMPLES.md")
+DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "worked_example.md")
 
 
 def labelled_arrays(text: str) -> dict[str, tuple[str, list]]:
@@ -336,7 +336,7 @@ def replay_sections(text: str) -> dict[str, dict[str, list]]:
     }
 
 
-# WORKED_EXAMPLES.md labels that differ from the replay's (doc label -> replay label, row).
+# docs/worked_example.md labels that differ from the replay's (doc label -> replay label, row).
 ALIASES = {"softmax saturates: weights": ("head 1, scale sqrt(3), weights", 0)}
 
 

@@ -1,4 +1,4 @@
-"""Every number of ../shared/WORKED_EXAMPLES.md §1-§3, reproduced by the model's own functions.
+"""Every number of docs/worked_example.md §1-§3, reproduced by the model's own functions.
 
 Where the seeds are right we match them to the printed precision; where they are wrong (§2, §3)
 we assert the paper's value and record the seed's value as different.

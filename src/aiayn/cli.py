@@ -246,7 +246,7 @@ def _add_explain(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--seed-example",
         action="store_true",
-        help="replay the seeds' worked example (WORKED_EXAMPLES.md); no model needed",
+        help="replay the tutorials' worked example (docs/worked_example.md); no model needed",
     )
     p.add_argument("--format", choices=("text", "json", "html"), default="text")
     p.add_argument("--out", type=Path, help="write to this file instead of stdout")

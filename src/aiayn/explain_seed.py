@@ -5,7 +5,7 @@ into `aiayn.model.MultiHeadAttention` (x @ W is `nn.Linear` with weight W^T, zer
 under `tracing()` in float64 so every printed number comes from the module itself.
 §2 (seeds 003, 004): `sinusoidal_positions` beside the seeds' wrong values.
 §3 (seed 004): causal self-attention through the same module with `causal=True`.
-See ../shared/WORKED_EXAMPLES.md; the labels below are the ones it uses.
+See docs/worked_example.md; the labels below are the ones it uses.
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def seed_example_text() -> str:
     """The whole replay as text (what `aiayn explain --seed-example` prints)."""
     lines = [
         "aiayn explain --seed-example: the seeds' worked numbers, recomputed by aiayn's own "
-        "MultiHeadAttention / attention / sinusoidal_positions (see WORKED_EXAMPLES.md)",
+        "MultiHeadAttention / attention / sinusoidal_positions (see docs/worked_example.md)",
         "",
     ]
     for part in (section1(), section2(), section3()):

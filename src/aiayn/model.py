@@ -53,7 +53,7 @@ def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)) (§3.5).
 
     Both dimensions of a sin/cos pair share one frequency (the seeds give the cos dimension
-    the next pair's frequency; see WORKED_EXAMPLES.md §2). Computed in float64, returned fp32.
+    the next pair's frequency; see docs/worked_example.md §2). Computed in float64, returned fp32.
     """
     if d_model % 2:
         raise ValueError(f"sinusoidal positions need an even d_model, got {d_model}")
