@@ -18,10 +18,13 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiayn.atomic import atomic_write_json, atomic_write_text
 from aiayn.config import Config, DecodeConfig, ModelConfig, TrainConfig
+
+if TYPE_CHECKING:
+    from aiayn.translate import Translator
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +91,10 @@ def run_quickstart(
         show: how many test translations to print.
         device: where to train and translate (auto | cpu | cuda | cuda:N | mps).
     """
-    from aiayn import metrics
     from aiayn.device import resolve_device
     from aiayn.synthetic import write_corpus
     from aiayn.train import train
     from aiayn.translate import Translator
-    from aiayn.viz import attention_for_translations, plot_attention_grid
 
     resolve_device(device)  # a device that is not here fails before anything is written
     out = Path(out_dir)
@@ -111,14 +112,49 @@ def run_quickstart(
     train_seconds = time.monotonic() - t_train
 
     translator = Translator.load(model_dir, cfg.decode, device=device)
+    summary = {
+        **_score_test_set(translator, data_dir, out / "translations.txt", show),
+        "train_pairs": n_train,
+        "train_seconds": round(train_seconds, 1),
+        "steps": result.step,
+        "stopped": result.stopped,
+        "model_dir": str(model_dir),
+        "picture": str(_draw_showcase(translator, out / "cross_attention.png")),
+    }
+    summary["total_seconds"] = round(time.monotonic() - t0, 1)  # scoring and drawing included
+    atomic_write_json(out / "metrics.json", summary)
+    return summary
+
+
+def _score_test_set(
+    translator: Translator, data_dir: Path, listing: Path, show: int
+) -> dict[str, Any]:
+    """Greedy translations of the held-out test set, scored; all of them listed in `listing`."""
+    from aiayn import metrics
+
     src = (data_dir / "test.en").read_text(encoding="utf-8").splitlines()
     ref = (data_dir / "test.de").read_text(encoding="utf-8").splitlines()
     hyps = translator.translate(src, beam=1)
     bleu, chrf = metrics.bleu(hyps, ref), metrics.chrf(hyps, ref)
     atomic_write_text(
-        out / "translations.txt",
-        "".join(f"{s}\t{r}\t{h}\n" for s, r, h in zip(src, ref, hyps, strict=True)),
+        listing, "".join(f"{s}\t{r}\t{h}\n" for s, r, h in zip(src, ref, hyps, strict=True))
     )
+    return {
+        "exact_match": metrics.exact_match(hyps, ref),
+        "bleu": bleu.score,
+        "chrf": chrf.score,
+        "bleu_signature": bleu.signature,
+        "test_pairs": len(src),
+        "examples": [
+            {"source": s, "reference": r, "output": h}
+            for s, r, h in zip(src[:show], ref[:show], hyps[:show], strict=True)
+        ],
+    }
+
+
+def _draw_showcase(translator: Translator, picture: Path) -> Path:
+    """The cross-attention of one long number, where German reorders units and tens."""
+    from aiayn.viz import attention_for_translations, plot_attention_grid
 
     example = attention_for_translations(translator.model, translator.tokenizer, [SHOWCASE])[0]
     rows, cols = example.labels("cross")
@@ -126,29 +162,8 @@ def run_quickstart(
         example.maps["cross"], rows, cols,
         f"cross-attention: {SHOWCASE!r} -> {translator.translate([SHOWCASE])[0]!r}",
     )  # fmt: skip
-    picture = out / "cross_attention.png"
     fig.savefig(picture, dpi=110)
-
-    summary = {
-        "exact_match": metrics.exact_match(hyps, ref),
-        "bleu": bleu.score,
-        "chrf": chrf.score,
-        "bleu_signature": bleu.signature,
-        "test_pairs": len(src),
-        "train_pairs": n_train,
-        "train_seconds": round(train_seconds, 1),
-        "total_seconds": round(time.monotonic() - t0, 1),
-        "steps": result.step,
-        "stopped": result.stopped,
-        "model_dir": str(model_dir),
-        "picture": str(picture),
-        "examples": [
-            {"source": s, "reference": r, "output": h}
-            for s, r, h in zip(src[:show], ref[:show], hyps[:show], strict=True)
-        ],
-    }
-    atomic_write_json(out / "metrics.json", summary)
-    return summary
+    return picture
 
 
 def format_summary(summary: dict[str, Any]) -> str:
