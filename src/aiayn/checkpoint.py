@@ -19,7 +19,7 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -205,11 +205,23 @@ def check_weights_header(path: Path, cfg: ModelConfig, extra: dict[str, Any]) ->
             raise mismatch("n_classes", n_classes, f"a classifier for {got} classes")
 
 
+@overload
+def load_model_dir(
+    directory: str | Path, map_location: str | torch.device = "cpu", expect: None = None
+) -> _ModelBase: ...
+
+
+@overload
+def load_model_dir(
+    directory: str | Path, map_location: str | torch.device = "cpu", *, expect: type[M]
+) -> M: ...
+
+
 def load_model_dir(
     directory: str | Path,
     map_location: str | torch.device = "cpu",
-    expect: type[M] = _ModelBase,  # type: ignore[assignment]
-) -> M:
+    expect: type[_ModelBase] | None = None,
+) -> _ModelBase:
     """Rebuild the model described by `config.json` and load its weights, checking every tensor.
 
     `expect` names the architecture the caller needs, e.g. `load_model_dir(d, expect=Transformer)`
@@ -227,7 +239,7 @@ def load_model_dir(
         model = MODEL_CLASSES[arch](cfg, **extra)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{directory}: cannot build {arch} from config: {e}") from None
-    if not isinstance(model, expect):
+    if expect is not None and not isinstance(model, expect):
         raise CheckpointError(f"{directory} holds a {arch}, not a {expect.__name__}")
     tensors = load_tensors(directory / WEIGHTS_FILE)
     check_state_dict(model, tensors, str(directory / WEIGHTS_FILE))

@@ -50,10 +50,8 @@ def _run_info(args: argparse.Namespace) -> int:
     from aiayn.config import ModelConfig, to_dict
     from aiayn.model import Transformer, count_parameters
 
-    if args.preset:
-        model = Transformer(ModelConfig.preset(args.preset, vocab_size=args.vocab_size))
-    else:
-        model = load_model_dir(args.model)
+    model = (Transformer(ModelConfig.preset(args.preset, vocab_size=args.vocab_size))
+             if args.preset else load_model_dir(args.model))  # fmt: skip
     info = {
         "architecture": type(model).__name__,
         "parameters": count_parameters(model),

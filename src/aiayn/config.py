@@ -232,7 +232,7 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
     for name, value in data.items():
         tp = hints[name]
         path = f"{where}.{name}" if where else name
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             kwargs[name] = from_dict(tp, value, path)
         else:
             kwargs[name] = _coerce(value, tp, path)

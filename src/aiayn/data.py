@@ -226,10 +226,11 @@ class Batch:
         if device.type == "cpu":
             return self
         gpu = device.type == "cuda"
-        return Batch(*(
+        src_BS, tgt_in_BT, tgt_out_BT = (
             (t.pin_memory() if gpu else t).to(device, non_blocking=gpu)
             for t in (self.src_BS, self.tgt_in_BT, self.tgt_out_BT)
-        ), self.n_tgt_tokens)  # fmt: skip
+        )
+        return Batch(src_BS, tgt_in_BT, tgt_out_BT, self.n_tgt_tokens)
 
 
 def example_size(ex: Example) -> int:

@@ -80,7 +80,7 @@ class KVCache:
         else:  # rows dropped (finished sentences), or autograd on: new buffers
             self_k = [b.index_select(0, idx_B) for b in self.self_k]
             self_v = [b.index_select(0, idx_B) for b in self.self_v]
-            spare_k = spare_v = None
+            spare_k = spare_v = None  # type: ignore[assignment]  # no spare: built on demand
         keep_cross = not cross and same_rows
         return KVCache(
             self_k,

@@ -67,15 +67,14 @@ def bleu_by_source_length(
     """Corpus BLEU and length ratio per bucket of source length in words (1-10, 11-20, 21-30,
     31+ by default): where in the length range a model loses, e.g. to short translations."""
     _check(hyps, refs)
-    bounds = [0, *edges, None]
+    bounds = [0, *edges, 1 << 30]  # the last bucket is open-ended
     out: list[dict[str, object]] = []
     for lo, hi in itertools.pairwise(bounds):
-        idx = [i for i, s in enumerate(srcs)
-               if len(s.split()) > lo and (hi is None or len(s.split()) <= hi)]  # fmt: skip
+        idx = [i for i, s in enumerate(srcs) if lo < len(s.split()) <= hi]
         if not idx:
             continue
         score = bleu([hyps[i] for i in idx], [refs[i] for i in idx])
-        out.append({"source_words": f"{lo + 1}-{hi}" if hi is not None else f"{lo + 1}+",
+        out.append({"source_words": f"{lo + 1}-{hi}" if hi < bounds[-1] else f"{lo + 1}+",
                     "sentences": len(idx), "bleu": score.score,
                     "length_ratio": score.length_ratio})  # fmt: skip
     return out

@@ -79,6 +79,7 @@ class Embeddings(nn.Module):
             self.learned = nn.Embedding(cfg.max_len, cfg.d_model)
         else:  # a buffer, not a parameter: rebuilt from the formula, never saved
             self.register_buffer("pe", sinusoidal_positions(cfg.max_len, cfg.d_model), False)
+        self.pe: Tensor
         self.dropout = nn.Dropout(cfg.dropout)
         self.trace_name = "embed"
 
@@ -226,7 +227,8 @@ class Decoder(nn.Module):
         return self._final_norm(y_BTD)
 
     def step(self, y_BTD: Tensor, cache: KVCache, mem_keep_B11S: Tensor | None) -> Tensor:
-        for i, layer in enumerate(self.layers):
+        layer: DecoderLayer
+        for i, layer in enumerate(self.layers):  # type: ignore[assignment]  # ModuleList items
             y_BTD = layer.step(y_BTD, cache, i, mem_keep_B11S)
         return self._final_norm(y_BTD)
 
@@ -387,7 +389,8 @@ class Transformer(_ModelBase):
         H, K = self.cfg.n_heads, self.cfg.d_k
         like = memory.out_BSD
         self_k, self_v, cross_k, cross_v = [], [], [], []
-        for layer in self.decoder.layers:
+        layer: DecoderLayer
+        for layer in self.decoder.layers:  # type: ignore[assignment]  # ModuleList items
             self_k.append(like.new_empty(B, H, capacity, K))
             self_v.append(like.new_empty(B, H, capacity, K))
             k_BHSK, v_BHSK = layer.cross_attn.project_kv(memory.out_BSD)

@@ -392,8 +392,9 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.M
     out = Path(tc.out_dir)
     resume = find_resume(out)
     tok = prepare_tokenizer(cfg, out, resume, tokenizer, d)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(  # the vocabulary's sizes and ids
-        cfg.model, vocab_size=tok.vocab_size, **tok.special_ids))
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(  # the vocabulary's size and ids
+        cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id,
+        eos_id=tok.eos_id))  # fmt: skip
     if tc.max_len > cfg.model.max_len:
         raise ConfigError(f"train.max_len={tc.max_len} exceeds model.max_len={cfg.model.max_len}")
     fingerprint = data_fingerprint(tc)

@@ -187,6 +187,7 @@ def plot_attention_grid(
                          fontsize=8)  # fmt: skip
             ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=6)
             ax.set_yticks(range(len(rows)), rows, fontsize=6)
+    assert image is not None  # maps_L holds at least one layer
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
     fig.supylabel(axis_names[0] or "query")
     fig.supxlabel(axis_names[1] or "key")
