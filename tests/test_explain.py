@@ -1,6 +1,6 @@
 """The glass box: traced numbers are the model's numbers, names are stable, renderers show them,
-beam tracing makes the same decisions as aiayn.decode, and the seed replay matches
-WORKED_EXAMPLES.md to its printed precision."""
+what is explained (greedy, sampled, beam) is what `aiayn translate` returns, sampling does not
+depend on batching, and the seed replay matches WORKED_EXAMPLES.md to its printed precision."""
 
 import contextlib
 import json
@@ -18,8 +18,7 @@ from aiayn.cli import main
 from aiayn.config import EOS_ID, DecodeConfig, ModelConfig
 from aiayn.decode import beam_search, greedy_decode
 from aiayn.errors import AiaynError
-from aiayn.explain import explain, stable_name
-from aiayn.explain_beam import trace_beam
+from aiayn.explain import explain, stable_name, trace_beam
 from aiayn.explain_render import View, parse_indices, to_html, to_json, to_text
 from aiayn.explain_seed import seed_example_text
 from aiayn.model import Transformer
@@ -244,10 +243,10 @@ def test_traced_beam_search_equals_decode_beam_search(eos_model, beam, max_len, 
     model, tok = eos_model
     outcomes = set()
     for sentence in ("a dog", "under the big tree the small cat runs"):
-        traced = trace_beam(model, tok, sentence, beam_size=beam, max_len=max_len, min_len=min_len)
         cfg = DecodeConfig(
             beam_size=beam, nbest=beam, max_len_a=0.0, max_len_b=max_len, min_len=min_len
         )
+        traced = trace_beam(model, tok, sentence, cfg)
         ref = beam_search(model, torch.tensor([tok.encode(sentence)]), cfg)[0]
         mine = sorted(traced.finished, key=lambda h: -h.score)
         assert [(h.tokens, h.eos) for h in mine] == [(h.tokens, h.eos) for h in ref]
@@ -263,18 +262,18 @@ def test_traced_beam_search_equals_decode_beam_search(eos_model, beam, max_len, 
 def test_beam_trace_is_consistent_with_the_model(eos_model):
     """Each finished hypothesis's log-probability is what the untraced model gives its tokens."""
     model, tok = eos_model
-    traced = trace_beam(model, tok, SENTENCE, beam_size=3, max_len=8)
+    traced = trace_beam(model, tok, SENTENCE, DecodeConfig(beam_size=3), max_len=8)
     src_BS = torch.tensor([tok.encode(SENTENCE)])
     for h in traced.finished:
         out = h.tokens + ([EOS_ID] if h.eos else [])
         with torch.no_grad():
             logp_TV = model(src_BS, torch.tensor([[2, *out[:-1]]]))[0].log_softmax(-1)
         expected = float(logp_TV.gather(1, torch.tensor(out)[:, None]).sum())
-        assert h.logprob == pytest.approx(expected, abs=1e-4)
-        assert h.score == pytest.approx(h.logprob / ((5 + len(out)) / 6) ** 0.6, abs=1e-6)
+        assert h.log_prob == pytest.approx(expected, abs=1e-4)
+        assert h.score == pytest.approx(h.log_prob / ((5 + len(out)) / 6) ** 0.6, abs=1e-6)
     for before, after in zip(traced.steps, traced.steps[1:], strict=False):
         kept = [c for c in before.candidates if c.status == "live"]
-        assert [h.logprob for h in after.live] == [c.logprob for c in kept]
+        assert [h.log_prob for h in after.live] == [c.log_prob for c in kept]
 
 
 # --- the seeds' worked example --------------------------------------------------------------------
@@ -404,7 +403,7 @@ def test_cli_explain_text_json_html(model_dir, tmp_path, capsys):
     assert "encoder.0.self_attn.head1.weights" in text and "encoder.1." not in text
     assert explain_cli(model_dir, "--max-len", "3", "--format", "json", "--heads", "2") == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["format"] == "aiayn.explain/1" and len(data["steps"]) == 3
+    assert data["format"] == "aiayn.explain/2" and len(data["steps"]) == 3
     out = tmp_path / "e.html"
     assert explain_cli(model_dir, "--max-len", "2", "--format", "html", "--out", str(out)) == 0
     assert out.read_text(encoding="utf-8").startswith("<!doctype html>")
