@@ -1,7 +1,10 @@
-"""Search: scripted-probability beam search (fairseq-style), cache parity, invariances."""
+"""Search: scripted-probability beam search (fairseq-style), cache parity, invariances, the
+step observer (what it reports, and that observing changes nothing)."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 
 import pytest
@@ -12,12 +15,15 @@ from torch import nn
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig, ModelConfig
 from aiayn.decode import (
+    Hypothesis,
+    StepView,
     beam_search,
     greedy_decode,
     greedy_search,
     length_penalty,
     max_output_lengths,
     sample_search,
+    sample_seed,
     search,
     top_k_filter,
     top_p_filter,
@@ -119,6 +125,48 @@ def test_beam_search_scripted(alpha: float) -> None:
     assert got[0][0].tokens == ([A] if alpha == 0.0 else [B_, A])
 
 
+def test_beam_observer_reports_the_scripted_decisions() -> None:
+    views: list[StepView] = []
+    got = beam_search(TableModel(), SRC, SCRIPTED, on_step=views.append)
+    assert [v.t for v in views] == [0, 1, 2, 3] and all(v.search == "beam" for v in views)
+
+    def fates(t: int, sent: int) -> list[tuple[tuple[int, ...], str, str]]:
+        v = views[t]
+        return [
+            ((*v.live[c.parent].tokens, c.token), c.fate, c.why)
+            for c in v.candidates
+            if c.sent == sent
+        ]
+
+    # Sentence 0, step 1 (worked out in test_beam_search_scripted): 2N = 4 candidates.
+    assert fates(1, 0) == [
+        ((B_, A), "live", "beam slot 1 of 2"),
+        ((A, EOS_ID), "finished", "eos"),
+        ((A, A), "live", "beam slot 2 of 2"),
+        ((A, B_), "pruned", "beam full"),
+    ]
+    # Step 2: [B A] ends, the second hypothesis: early termination drops the live ones.
+    assert fates(2, 0)[:3] == [
+        ((B_, A, EOS_ID), "finished", "eos"),
+        ((A, A, A), "pruned", "early termination"),
+        ((B_, A, A), "pruned", "early termination"),
+    ]
+    assert (0, "beam full") in views[2].done
+    # Sentence 1 reaches its limit of 4 at step 3: its two best end there, with or without EOS.
+    assert [f for f in fates(3, 1) if f[1] == "finished"] == [
+        ((A, A, A, A), "finished", "length limit"),
+        ((A, B_, A, EOS_ID), "finished", "eos"),
+    ]
+    assert views[3].done == ((1, "length limit"),)
+    # Live hypotheses carry the scores the search kept; finished ones are the returned ones.
+    v1 = views[1]
+    assert [h.tokens for h in v1.live] == [(A,), (B_,), (A,), (B_,)]
+    assert v1.live[0].log_prob == pytest.approx(math.log(0.5))
+    for s, hyps in enumerate(got):
+        ended = [f.hyp for v in views for f in v.finished if f.sent == s]
+        assert sorted(ended, key=lambda h: -h.score) == hyps
+
+
 def test_greedy_scripted_and_beam_one() -> None:
     cfg = DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=0)
     greedy = greedy_search(TableModel(), SRC, cfg)
@@ -162,7 +210,7 @@ def test_bad_settings_are_config_errors() -> None:
             search(TableModel(), SRC, cfg)
 
 
-# --- a real (random) Transformer ----------------------------------------------------------------
+# --- a real (random) Transformer ------------------------------------------------------------------
 
 VOCAB = 40
 
@@ -259,3 +307,135 @@ def test_decode_restores_training_mode(model: Transformer) -> None:
         assert model.training
     finally:
         model.eval()
+
+
+# --- the step observer on a real model ------------------------------------------------------------
+
+
+def _observed(model: Transformer, src: torch.Tensor, cfg: DecodeConfig):
+    views: list[StepView] = []
+    return search(model, src, cfg, on_step=views.append), views
+
+
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(
+    lengths=st.lists(st.integers(1, 10), min_size=1, max_size=4),
+    seed=st.integers(0, 999),
+    kind=st.sampled_from(["greedy", "beam", "sample"]),
+    alpha=st.sampled_from([0.0, 0.6, 1.0]),
+    min_len=st.integers(0, 2),
+)
+def test_observing_changes_nothing_and_reports_what_was_returned(
+    model: Transformer, lengths: list[int], seed: int, kind: str, alpha: float, min_len: int
+) -> None:
+    src = random_batch(lengths, seed)
+    cfg = DecodeConfig(
+        beam_size=3 if kind == "beam" else 1, nbest=2 if kind != "greedy" else 1,
+        sample=kind == "sample", alpha=alpha, min_len=min_len, max_len_a=0.5, max_len_b=4,
+        top_p=0.9, seed=seed,
+    )  # fmt: skip
+    plain = search(model, src, cfg)
+    observed, views = _observed(model, src, cfg)
+    assert observed == plain
+    assert [v.t for v in views] == list(range(len(views)))
+    for v in views:
+        assert v.logits_RV.shape[0] == v.log_probs_RV.shape[0] == len(v.live)
+        assert all(c.fate in ("live", "finished", "pruned") for c in v.candidates)
+    for s, hyps in enumerate(plain):
+        ended = sorted(
+            (f.hyp for v in views for f in v.finished if f.sent == s), key=lambda h: -h.score
+        )
+        assert ended[: len(hyps)] == hyps
+        assert sum(d[0] == s for v in views for d in v.done) == 1  # each sentence ends once
+    for before, after in itertools.pairwise(views):
+        kept = [c for c in before.candidates if c.fate == "live"]
+        assert [c.log_prob for c in kept] == [h.log_prob for h in after.live]
+
+
+def test_greedy_observer_sees_the_chosen_token_and_its_distribution(model: Transformer) -> None:
+    src = random_batch([5, 7], seed=6)
+    cfg = DecodeConfig(beam_size=1, max_len_b=5)
+    (hyps, views) = _observed(model, src, cfg)
+    for v in views:
+        for c in v.candidates:
+            row_V = v.log_probs_RV[c.parent]
+            assert c.token == int(row_V.argmax())
+            assert bool(row_V[[PAD_ID, BOS_ID]].isinf().all())  # banned, as the search bans them
+    for s, hyp in enumerate(h[0] for h in hyps):
+        chosen = [c.token for v in views for c in v.candidates if c.sent == s]
+        assert chosen == hyp.tokens + ([EOS_ID] if hyp.eos else [])
+
+
+# --- sampling does not depend on batching ---------------------------------------------------------
+
+
+def _same(a: list[list[Hypothesis]], b: list[list[Hypothesis]]) -> None:
+    """Same tokens; scores equal up to float noise (a padded batch sums in another order)."""
+    assert [[(h.tokens, h.eos) for h in hs] for hs in a] == [
+        [(h.tokens, h.eos) for h in hs] for hs in b
+    ]
+    for x, y in zip(itertools.chain(*a), itertools.chain(*b), strict=True):
+        assert x.score == pytest.approx(y.score, abs=1e-4)
+
+
+def test_sampling_is_batch_invariant(model: Transformer) -> None:
+    lengths = [6, 3, 9, 4]
+    src = random_batch(lengths, seed=7)
+    cfg = DecodeConfig(sample=True, nbest=3, temperature=1.3, max_len_b=8, seed=11)
+    seeds = [sample_seed(cfg.seed, line) for line in (5, 6, 7, 8)]
+    batched = sample_search(model, src, cfg, row_seeds=seeds)
+    for i, n in enumerate(lengths):
+        alone = sample_search(model, src[i : i + 1, :n], cfg, row_seeds=seeds[i : i + 1])
+        _same(alone, batched[i : i + 1])
+    # Reversed order (another batch composition) changes nothing either.
+    _same(sample_search(model, src.flip(0), cfg, row_seeds=seeds[::-1])[::-1], batched)
+    # By default every sentence samples as "line 1".
+    line1 = sample_search(model, src[:1], cfg, row_seeds=[sample_seed(11, 1)])
+    assert sample_search(model, src[:1], cfg) == line1
+
+
+def test_sample_seed_mixes_seed_and_line() -> None:
+    seeds = {sample_seed(s, line) for s in range(4) for line in range(1, 50)}
+    assert len(seeds) == 4 * 49 and all(0 <= x < 2**63 for x in seeds)
+
+
+# --- special ids come from the model --------------------------------------------------------------
+
+
+class Permuted(nn.Module):
+    """`model` with its vocabulary permuted: id v of the model is id perm[v] here, so PAD, BOS
+    and EOS get other ids (as in a Marian vocabulary). Searching it must give the permuted
+    output of searching `model` if the search reads the special ids from `cfg`."""
+
+    def __init__(self, model: Transformer, perm: torch.Tensor) -> None:
+        super().__init__()
+        self.inner, self.perm, self.inv = model, perm, perm.argsort()
+        c = model.cfg
+        self.cfg = dataclasses.replace(
+            c, pad_id=int(perm[c.pad_id]), bos_id=int(perm[c.bos_id]), eos_id=int(perm[c.eos_id])
+        )
+
+    def encode(self, src_BS: torch.Tensor) -> Memory:
+        return self.inner.encode(self.inv[src_BS])
+
+    def init_cache(self, memory: Memory, capacity: int) -> KVCache:
+        return self.inner.init_cache(memory, capacity)
+
+    def decode_step(self, tokens_BT: torch.Tensor, memory: Memory, cache: KVCache):
+        logits_BV, cache = self.inner.decode_step(self.inv[tokens_BT], memory, cache)
+        return logits_BV[:, self.inv], cache
+
+
+def test_special_ids_come_from_the_model(model: Transformer) -> None:
+    perm = torch.arange(VOCAB).roll(5).flip(0)  # pad 0 -> 34, bos 2 -> 32, eos 3 -> 31
+    permuted = Permuted(model, perm)
+    assert (permuted.cfg.pad_id, permuted.cfg.eos_id) != (PAD_ID, EOS_ID)
+    src = random_batch([6, 3, 8], seed=8)
+    for cfg in (DecodeConfig(beam_size=1, max_len_b=6), DecodeConfig(beam_size=3, nbest=3)):
+        ref = search(model, src, cfg)
+        got = search(permuted, perm[src], cfg)
+        for r_hyps, g_hyps in zip(ref, got, strict=True):
+            assert [[int(perm[x]) for x in h.tokens] for h in r_hyps] == [h.tokens for h in g_hyps]
+            assert [h.eos for h in r_hyps] == [h.eos for h in g_hyps]
+            for r, g in zip(r_hyps, g_hyps, strict=True):
+                assert g.score == pytest.approx(r.score, abs=1e-5)

@@ -1,6 +1,6 @@
 """The glass box: traced numbers are the model's numbers, names are stable, renderers show them,
-beam tracing makes the same decisions as aiayn.decode, and the seed replay matches
-docs/worked_example.md to its printed precision."""
+what is explained (greedy, sampled, beam) is what `aiayn translate` returns, sampling does not
+depend on batching, and the seed replay matches docs/worked_example.md to its printed precision."""
 
 import contextlib
 import json
@@ -12,18 +12,20 @@ from html.parser import HTMLParser
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from aiayn.checkpoint import load_model_dir, save_model_dir
 from aiayn.cli import main
 from aiayn.config import EOS_ID, DecodeConfig, ModelConfig
 from aiayn.decode import beam_search, greedy_decode
 from aiayn.errors import AiaynError
-from aiayn.explain import explain, stable_name
-from aiayn.explain_beam import trace_beam
+from aiayn.explain import explain, stable_name, trace_beam
 from aiayn.explain_render import View, parse_indices, to_html, to_json, to_text
 from aiayn.explain_seed import seed_example_text
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
+from aiayn.translate import Translator, one_line, translate_to
 
 WORDS = "the cat dog sees a small big red house tree runs walks on under street garden".split()  # noqa: SIM905
 SENTENCE = "the cat sees a red house"
@@ -244,10 +246,10 @@ def test_traced_beam_search_equals_decode_beam_search(eos_model, beam, max_len, 
     model, tok = eos_model
     outcomes = set()
     for sentence in ("a dog", "under the big tree the small cat runs"):
-        traced = trace_beam(model, tok, sentence, beam_size=beam, max_len=max_len, min_len=min_len)
         cfg = DecodeConfig(
             beam_size=beam, nbest=beam, max_len_a=0.0, max_len_b=max_len, min_len=min_len
         )
+        traced = trace_beam(model, tok, sentence, cfg)
         ref = beam_search(model, torch.tensor([tok.encode(sentence)]), cfg)[0]
         mine = sorted(traced.finished, key=lambda h: -h.score)
         assert [(h.tokens, h.eos) for h in mine] == [(h.tokens, h.eos) for h in ref]
@@ -263,18 +265,121 @@ def test_traced_beam_search_equals_decode_beam_search(eos_model, beam, max_len, 
 def test_beam_trace_is_consistent_with_the_model(eos_model):
     """Each finished hypothesis's log-probability is what the untraced model gives its tokens."""
     model, tok = eos_model
-    traced = trace_beam(model, tok, SENTENCE, beam_size=3, max_len=8)
+    traced = trace_beam(model, tok, SENTENCE, DecodeConfig(beam_size=3), max_len=8)
     src_BS = torch.tensor([tok.encode(SENTENCE)])
     for h in traced.finished:
         out = h.tokens + ([EOS_ID] if h.eos else [])
         with torch.no_grad():
             logp_TV = model(src_BS, torch.tensor([[2, *out[:-1]]]))[0].log_softmax(-1)
         expected = float(logp_TV.gather(1, torch.tensor(out)[:, None]).sum())
-        assert h.logprob == pytest.approx(expected, abs=1e-4)
-        assert h.score == pytest.approx(h.logprob / ((5 + len(out)) / 6) ** 0.6, abs=1e-6)
+        assert h.log_prob == pytest.approx(expected, abs=1e-4)
+        assert h.score == pytest.approx(h.log_prob / ((5 + len(out)) / 6) ** 0.6, abs=1e-6)
     for before, after in zip(traced.steps, traced.steps[1:], strict=False):
         kept = [c for c in before.candidates if c.status == "live"]
-        assert [h.logprob for h in after.live] == [c.logprob for c in kept]
+        assert [h.log_prob for h in after.live] == [c.log_prob for c in kept]
+
+
+# --- what is explained is what `aiayn translate` returns -----------------------------------------
+
+LINES = ["a dog", "under the big tree the small cat runs", SENTENCE, "the red street"]
+
+
+def assert_same_hyp(explained, translated):
+    assert (explained.tokens, explained.eos) == (translated.tokens, translated.eos)
+    # The traced run takes attention's explicit math path: equal up to float rounding.
+    assert explained.log_prob == pytest.approx(translated.log_prob, abs=1e-4)
+    assert explained.score == pytest.approx(translated.score, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        DecodeConfig(beam_size=1, max_len_b=10),
+        DecodeConfig(beam_size=1, sample=True, temperature=1.5, top_p=0.95, seed=5),
+        DecodeConfig(beam_size=1, sample=True, top_k=4, seed=9, max_len_a=0.5, max_len_b=3),
+    ],
+    ids=["greedy", "sample", "sample-top-k"],
+)
+def test_explained_greedy_and_samples_are_what_translate_returns(eos_model, cfg):
+    model, tok = eos_model
+    translated = Translator(model, tok).translate_hyps(LINES, cfg, batch_tokens=20)
+    for line_no, (sentence, [result]) in enumerate(zip(LINES, translated, strict=True), 1):
+        ex = explain(model, tok, sentence, cfg=cfg, line_no=line_no)
+        assert ex.search == ("sample" if cfg.sample else "greedy")
+        assert_same_hyp(ex.hypothesis, result.hyp)
+        assert [c.chosen_id for c in ex.steps] == ex.tgt_ids
+        assert one_line(ex.translation) == result.text  # translate keeps one line per line
+
+
+def test_explained_beam_is_what_translate_returns(eos_model):
+    model, tok = eos_model
+    cfg = DecodeConfig(beam_size=3, nbest=3, alpha=1.0)
+    translated = Translator(model, tok).translate_hyps(LINES, cfg, batch_tokens=20)
+    for sentence, results in zip(LINES, translated, strict=True):
+        traced = trace_beam(model, tok, sentence, cfg)
+        finished = sorted(traced.finished, key=lambda h: -h.score)
+        assert len(finished) == 3 and traced.stop_reason
+        for h, r in zip(finished, results, strict=True):
+            assert_same_hyp(h, r.hyp)
+
+
+def test_cli_explain_sample_is_what_cli_translate_prints(eos_model, model_dir, tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text(SENTENCE + "\n", encoding="utf-8")
+    flags = ("--sample", "--seed", "3", "--temperature", "1.5")
+    assert main(["translate", "--model", str(model_dir), "--input", str(src), *flags]) == 0
+    printed = capsys.readouterr().out
+    assert main(["explain", "--model", str(model_dir), SENTENCE, "--format", "json", *flags]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["search"] == "sample"
+    assert printed == one_line(data["translation"]["text"]) + "\n"
+    assert explain_cli(model_dir, "--sample", "--seed", "3", "--max-len", "2") == 0
+    assert "sampled translation:" in capsys.readouterr().out
+
+
+# --- sampling does not depend on batching ---------------------------------------------------------
+
+SAMPLE_LINES = [*LINES, "", "a small red house on the garden street", "tree", *LINES[:2]]
+
+
+@pytest.fixture(scope="module")
+def sampled_reference(eos_model, tmp_path_factory):
+    model, tok = eos_model
+    path = tmp_path_factory.mktemp("sample") / "in.txt"
+    path.write_text("\n".join(SAMPLE_LINES) + "\n", encoding="utf-8")
+    cfg = DecodeConfig(sample=True, nbest=2, temperature=1.5, seed=4, max_len_b=8)
+    return Translator(model, tok), cfg, path
+
+
+def _translate_file(translator, cfg, path, out_path, **kw):
+    """The n-best lines of `path` as (line number, text, score)."""
+    with open(out_path, "w", encoding="utf-8") as out:
+        translate_to(translator, cfg, out, path, **kw)
+    rows = [line.split(" ||| ") for line in out_path.read_text(encoding="utf-8").splitlines()]
+    return [(int(n), text, float(score)) for n, text, score in rows]
+
+
+def assert_same_samples(got, ref):
+    """Same lines and samples; scores up to float rounding (padding changes summation order)."""
+    assert [(n, text) for n, text, _ in got] == [(n, text) for n, text, _ in ref]
+    assert [s for *_, s in got] == pytest.approx([s for *_, s in ref], abs=2e-3)
+
+
+@settings(max_examples=4, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(batch_tokens=st.integers(1, 80), buffer_size=st.integers(1, 12))
+def test_samples_do_not_depend_on_batching(sampled_reference, tmp_path, batch_tokens, buffer_size):
+    translator, cfg, path = sampled_reference
+    ref = _translate_file(translator, cfg, path, tmp_path / "ref.txt")
+    got = _translate_file(
+        translator, cfg, path, tmp_path / "got.txt", batch_tokens=batch_tokens,
+        buffer_size=buffer_size,
+    )  # fmt: skip
+    assert_same_samples(got, ref)
+    # The Python API numbers a list's lines from 1, as the file's: the same samples.
+    results = translator.translate_hyps(SAMPLE_LINES, cfg)
+    api = [(n, r.text, r.hyp.score) for n, rs in enumerate(results, 1) for r in rs]
+    assert_same_samples(api, ref)
 
 
 # --- the seeds' worked example --------------------------------------------------------------------
@@ -404,7 +509,7 @@ def test_cli_explain_text_json_html(model_dir, tmp_path, capsys):
     assert "encoder.0.self_attn.head1.weights" in text and "encoder.1." not in text
     assert explain_cli(model_dir, "--max-len", "3", "--format", "json", "--heads", "2") == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["format"] == "aiayn.explain/1" and len(data["steps"]) == 3
+    assert data["format"] == "aiayn.explain/2" and len(data["steps"]) == 3
     out = tmp_path / "e.html"
     assert explain_cli(model_dir, "--max-len", "2", "--format", "html", "--out", str(out)) == 0
     assert out.read_text(encoding="utf-8").startswith("<!doctype html>")

@@ -253,11 +253,24 @@ def _add_explain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", help="decoding steps shown in full, from 0 (default all)")
     p.add_argument("--dims", type=int, default=8, help="dimensions shown per vector (default 8)")
     p.add_argument("--precision", type=int, default=4, help="decimals (default 4)")
-    p.add_argument("--top-k", type=int, default=5, help="next-token candidates per step")
+    p.add_argument("--top-k", type=int, default=5, help="next-token candidates shown per step")
     p.add_argument("--max-len", type=int, help="most output tokens (default source length + 50)")
+    p.add_argument("--min-len", type=int, help="no EOS before this many tokens (default 0)")
     p.add_argument("--beam", type=int, default=0, help="also trace beam search of this size")
-    p.add_argument("--alpha", type=float, default=0.6, help="length penalty α for --beam")
+    p.add_argument("--alpha", type=float, help="length penalty α (default: the model's, or 0.6)")
+    # Sampling: translate's flags, except that --top-k here counts the candidates shown.
+    p.add_argument("--sample", action="store_true", help="trace sampling instead of greedy")
+    p.add_argument("--temperature", type=float, help="with --sample (default 1.0)")
+    p.add_argument("--sample-top-k", type=int, help="translate's --top-k; 0 = off (default)")
+    p.add_argument("--top-p", type=float, help="with --sample; 1.0 = off (default)")
+    p.add_argument("--seed", type=int, help="with --sample (default 0); as translate's line 1")
     _add_device_flag(p)
+
+
+_EXPLAIN_SEARCH_FLAGS = {  # DecodeConfig field -> argparse dest
+    "alpha": "alpha", "min_len": "min_len", "temperature": "temperature",
+    "top_k": "sample_top_k", "top_p": "top_p", "seed": "seed",
+}  # fmt: skip
 
 
 def _run_explain(args: argparse.Namespace) -> int:
@@ -276,9 +289,13 @@ def _run_explain(args: argparse.Namespace) -> int:
             args.dims,
             args.precision,
         )
+        given = {f: getattr(args, a) for f, a in _EXPLAIN_SEARCH_FLAGS.items()}
+        overrides = {f: v for f, v in given.items() if v is not None}
+        if args.sample:
+            overrides["sample"] = True
         report = explain_report(str(args.model), args.sentence, fmt=args.format, view=view,
                                 top_k=args.top_k, max_len=args.max_len, beam=args.beam,
-                                alpha=args.alpha, device=args.device)  # fmt: skip
+                                device=args.device, overrides=overrides)  # fmt: skip
     if args.out:
         from aiayn.atomic import atomic_write_text
 

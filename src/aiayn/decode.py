@@ -8,10 +8,11 @@ provides them can be searched:
     logits_RV, cache = model.decode_step(tokens_RT, memory, cache)
     cache = cache.index_select(rows_R, cross=...)               reorder / drop rows
 
-plus `model.cfg.max_len` (the positional table bounds the output length).
+plus `model.cfg`: `max_len` (the positional table bounds the output length) and the special
+ids `pad_id`, `bos_id` (the token the decoder starts from) and `eos_id`.
 
 Dimension key: B sentences, N beam, R = rows of the search batch (B * N for beam search),
-T output length, V vocabulary, S source length.
+T output length, V vocabulary, S source length, K = 2N candidates per sentence.
 
 Conventions (shared by every search here):
 - A hypothesis's `tokens` exclude BOS and EOS; `eos` says whether it ended with EOS.
@@ -21,20 +22,25 @@ Conventions (shared by every search here):
 - PAD and BOS are never emitted; EOS is forbidden until a hypothesis has `min_len` tokens.
 - `log_prob` is the sum of the model's log-probabilities of the tokens (and of EOS when the
   hypothesis ended with it); `score = log_prob / length_penalty(len(tokens) + eos, alpha)`.
+
+Observing a search: every search takes `on_step`, a function called once per decoding step
+with a `StepView` (what was live, what the model said, every candidate's fate). With
+`on_step=None` nothing is built. `aiayn.explain` is made this way, so what learners are shown
+is this search and no copy of it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
-from aiayn.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig, ModelConfig
+from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import ConfigError
 from aiayn.kv_cache import KVCache, Memory
 
@@ -42,7 +48,7 @@ from aiayn.kv_cache import KVCache, Memory
 class Decodable(Protocol):
     """The narrow interface search code uses (a `Transformer`, or a scripted fake in tests)."""
 
-    cfg: ModelConfig  # only cfg.max_len is read: the positional table bounds the output
+    cfg: ModelConfig  # max_len bounds the output; pad_id, bos_id, eos_id are the special ids
 
     def encode(self, src_BS: Tensor) -> Memory: ...
 
@@ -97,6 +103,32 @@ def top_p_filter(logits_RV: Tensor, p: float) -> Tensor:
     return logits_RV.masked_fill(drop_RV, float("-inf"))
 
 
+def inverse_cdf_sample(probs_RV: Tensor, u_R: Tensor) -> Tensor:
+    """One token per row drawn by inverting the CDF at u in [0, 1): token i has probability
+    probs[i] / sum(probs). A zero-probability token is never returned (not even when rounding
+    pushes u * total to the total: the last token with mass is taken then)."""
+    cdf_RV = probs_RV.double().cumsum(-1)
+    total_R1 = cdf_RV[:, -1:]
+    pick_R = torch.searchsorted(cdf_RV, u_R.double()[:, None] * total_R1, right=True)[:, 0]
+    last_R = (cdf_RV < total_R1).sum(-1)  # the first index where the CDF reaches its total
+    return torch.minimum(pick_R, last_R)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def sample_seed(seed: int, line_no: int) -> int:
+    """The generator seed of one sentence: SplitMix64 of (seed, line number), 63 bits.
+
+    Each sentence samples from its own stream, so its samples depend on the seed and its line,
+    never on which sentences share its batch (`aiayn.translate.Translator` passes line numbers).
+    """
+    x = (seed * 0x9E3779B97F4A7C15 + line_no) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) >> 1
+
+
 def check_decode_config(cfg: DecodeConfig) -> None:
     """Raise a one-line ConfigError for settings no search can honour."""
     checks = [
@@ -118,6 +150,75 @@ def check_decode_config(cfg: DecodeConfig) -> None:
             raise ConfigError(message)
 
 
+# --- what an observer sees -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LiveHyp:
+    """A hypothesis entering a step: row r of the step's `logits_RV` extends it."""
+
+    sent: int  # index of its sentence in the searched `src_BS`
+    tokens: tuple[int, ...]  # without BOS
+    log_prob: float
+    score: float  # log_prob / length_penalty(len(tokens), alpha)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One extension the search considered, and what became of it.
+
+    fate / why:  live: "argmax" (greedy), "sampled", "beam slot k of N"
+                 finished: "eos", "length limit"
+                 pruned: "beam full" (N better non-EOS extensions), "eos below the N best",
+                 "N already finished", "early termination" (the sentence ended this step),
+                 "length limit" (below the N best at the limit), "impossible" (probability 0)
+    """
+
+    sent: int
+    rank: int  # 1 = highest total log-probability among its sentence's candidates this step
+    parent: int  # index in StepView.live of the hypothesis it extends
+    token: int
+    log_prob: float  # total log-probability of the extended hypothesis
+    score: float  # log_prob / length_penalty(length with this token, alpha)
+    fate: str  # "live" | "finished" | "pruned"
+    why: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A hypothesis that ended at this step ("eos" or "length limit")."""
+
+    sent: int
+    hyp: Hypothesis
+    why: str
+
+
+@dataclass(frozen=True)
+class StepView:
+    """Decoding step t as the search saw it (passed to `on_step`; built only when observed).
+
+    `logits_RV` are the model's outputs for the live rows; `log_probs_RV` what the search ranks
+    (log-softmax, PAD/BOS and early EOS set to -inf; before temperature and top-k/top-p).
+    `done` lists the sentences finished after this step: (sent, "eos" | "length limit" |
+    "beam full"), "beam full" being early termination once N hypotheses have ended.
+    """
+
+    search: str  # "greedy" | "sample" | "beam"
+    t: int
+    live: tuple[LiveHyp, ...]
+    logits_RV: Tensor
+    log_probs_RV: Tensor
+    candidates: tuple[Candidate, ...]
+    finished: tuple[Finished, ...]
+    done: tuple[tuple[int, str], ...]
+
+
+OnStep = Callable[[StepView], None]
+
+
+# --- shared steps --------------------------------------------------------------------------------
+
+
 @contextlib.contextmanager
 def _inference(model: object) -> Iterator[None]:
     """Eval mode (no dropout) and no autograd for the duration; restores training mode."""
@@ -137,21 +238,22 @@ def _limits(model: Decodable, memory: Memory, cfg: DecodeConfig) -> Tensor:
     return max_output_lengths(src_len_B, cfg.max_len_a, cfg.max_len_b, cap)
 
 
-def _forbid(scores_RV: Tensor, no_eos: bool) -> None:
+def _forbid(scores_RV: Tensor, model_cfg: ModelConfig, no_eos: bool) -> None:
     """Never emit PAD or BOS; no EOS before the minimum length. In place, after normalising."""
-    scores_RV[:, PAD_ID] = float("-inf")
-    scores_RV[:, BOS_ID] = float("-inf")
+    scores_RV[:, model_cfg.pad_id] = float("-inf")
+    scores_RV[:, model_cfg.bos_id] = float("-inf")
     if no_eos:
-        scores_RV[:, EOS_ID] = float("-inf")
+        scores_RV[:, model_cfg.eos_id] = float("-inf")
 
 
 # --- one hypothesis per row: greedy and sampling --------------------------------------------------
 
-# log-probabilities (R, V) -> (next token ids (R,), their log-probabilities (R,))
-Pick = Callable[[Tensor], tuple[Tensor, Tensor]]
+# (log-probabilities (R, V), original row of each live row (R,), step t)
+#   -> (next token ids (R,), their log-probabilities (R,))
+Pick = Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]
 
 
-def _pick_best(lp_rV: Tensor) -> tuple[Tensor, Tensor]:
+def _pick_best(lp_rV: Tensor, rows_r: Tensor, t: int) -> tuple[Tensor, Tensor]:
     """Greedy: the most probable token. `max` gives the value with its index in one pass over
     V (argmax, then gathering the value, costs a second op; both keep the first of equal maxima).
     """
@@ -160,41 +262,53 @@ def _pick_best(lp_rV: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _search_single(
-    model: Decodable, src_BS: Tensor, cfg: DecodeConfig, pick: Pick, *, use_cache: bool = True
+    model: Decodable,
+    src_BS: Tensor,
+    cfg: DecodeConfig,
+    pick: Pick,
+    *,
+    use_cache: bool = True,
+    on_step: OnStep | None = None,
+    kind: str = "greedy",
+    per_sent: int = 1,
 ) -> list[Hypothesis]:
     """Extend one hypothesis per row until EOS or its length limit.
 
     Finished rows leave the batch at once (their memory and cache rows are dropped), so late
-    steps only pay for sentences still being written.
+    steps only pay for sentences still being written. Rows r * per_sent .. are one sentence's.
     """
-    R, device = src_BS.size(0), src_BS.device
+    R, device, special = src_BS.size(0), src_BS.device, model.cfg
     if R == 0:
         return []
     memory = model.encode(src_BS)
     max_len_R = _limits(model, memory, cfg)
     T = int(max_len_R.max())
     cache = model.init_cache(memory, T) if use_cache else None
-    out_RT = src_BS.new_full((R, T), PAD_ID)
+    out_RT = src_BS.new_full((R, T), special.pad_id)
     log_prob_R = torch.zeros(R, dtype=torch.float64, device=device)
     length_R = torch.zeros(R, dtype=torch.long, device=device)
     eos_R = torch.zeros(R, dtype=torch.bool, device=device)
     rows_r = torch.arange(R, device=device)  # original row of each live row
-    tok_r1 = src_BS.new_full((R, 1), BOS_ID)
+    tok_r1 = src_BS.new_full((R, 1), special.bos_id)
     for t in range(T):
         if cache is not None:
             logits_rV, cache = model.decode_step(tok_r1, memory, cache)
         else:  # recompute the whole prefix (the benchmark's and tests' reference)
-            bos_r1 = src_BS.new_full((len(rows_r), 1), BOS_ID)
+            bos_r1 = src_BS.new_full((len(rows_r), 1), special.bos_id)
             prefix_rt = torch.cat([bos_r1, out_RT[rows_r, :t]], 1)
             fresh = model.init_cache(memory, t + 1)
             logits_rV, _ = model.decode_step(prefix_rt, memory, fresh)
         lp_rV = logits_rV.float().log_softmax(-1)  # one fused pass (cheaper than logsumexp)
-        _forbid(lp_rV, t < cfg.min_len)
-        next_r, lp_r = pick(lp_rV)
-        log_prob_R[rows_r] += lp_r.double()
-        is_eos_r = next_r == EOS_ID
-        out_RT[rows_r, t] = next_r
+        _forbid(lp_rV, special, t < cfg.min_len)
+        next_r, lp_r = pick(lp_rV, rows_r, t)
+        is_eos_r = next_r == special.eos_id
         done_r = is_eos_r | (t + 1 >= max_len_R[rows_r])
+        if on_step is not None:
+            before = _Rows(rows_r, out_RT[rows_r, :t], log_prob_R[rows_r], per_sent)
+            picked = (next_r, lp_r, is_eos_r, done_r)
+            on_step(_single_view(kind, t, cfg.alpha, before, logits_rV, lp_rV, picked))
+        log_prob_R[rows_r] += lp_r.double()
+        out_RT[rows_r, t] = next_r
         if bool(done_r.any()):
             done_rows = rows_r[done_r]
             eos_R[rows_r[is_eos_r]] = True
@@ -207,26 +321,91 @@ def _search_single(
             if cache is not None:
                 cache = cache.index_select(keep_r, cross=True)
         tok_r1 = next_r[:, None]
+    return _collect(out_RT, length_R, eos_R, log_prob_R, cfg.alpha)
+
+
+def _collect(
+    out_RT: Tensor, length_R: Tensor, eos_R: Tensor, log_prob_R: Tensor, alpha: float
+) -> list[Hypothesis]:
     hyps = []
     for row, n, eos, lp in zip(
         out_RT.tolist(), length_R.tolist(), eos_R.tolist(), log_prob_R.tolist(), strict=True
     ):
-        hyps.append(Hypothesis(row[:n], lp, lp / length_penalty(n + eos, cfg.alpha), eos))
+        hyps.append(Hypothesis(row[:n], lp, lp / length_penalty(n + eos, alpha), eos))
     return hyps
 
 
+@dataclass(frozen=True)
+class _Rows:
+    """The live rows of a one-hypothesis-per-row search before a step (for `_single_view`)."""
+
+    rows_r: Tensor  # original row of each live row
+    prefix_rt: Tensor  # tokens so far
+    log_prob_r: Tensor  # float64
+    per_sent: int  # rows per sentence (nbest samples)
+
+
+def _single_view(
+    kind: str,
+    t: int,
+    alpha: float,
+    before: _Rows,
+    logits_rV: Tensor,
+    lp_rV: Tensor,
+    picked: tuple[Tensor, Tensor, Tensor, Tensor],
+) -> StepView:
+    """The StepView of greedy or sampling step t: one candidate per row, the token picked.
+
+    `picked` is (next token, its log-probability, ended with EOS, done) per live row.
+    """
+    next_r, lp_r, is_eos_r, done_r = picked
+    sent_r = [r // before.per_sent for r in before.rows_r.tolist()]
+    live = tuple(
+        LiveHyp(s, tuple(p), lp, lp / length_penalty(t, alpha))
+        for s, p, lp in zip(
+            sent_r, before.prefix_rt.tolist(), before.log_prob_r.tolist(), strict=True
+        )
+    )
+    totals = (before.log_prob_r + lp_r.double()).tolist()  # summed as the search sums them
+    lp_t = length_penalty(t + 1, alpha)
+    cands, finished = [], []
+    rows = zip(next_r.tolist(), totals, is_eos_r.tolist(), done_r.tolist(), strict=True)
+    picked_why = "argmax" if kind == "greedy" else "sampled"
+    for i, (tok, total, eos, done) in enumerate(rows):
+        why = "eos" if eos else "length limit" if done else picked_why
+        cands.append(
+            Candidate(
+                sent_r[i], 1, i, tok, total, total / lp_t, "finished" if done else "live", why
+            )
+        )
+        if done:
+            tokens = list(live[i].tokens) + ([] if eos else [tok])
+            finished.append(Finished(sent_r[i], Hypothesis(tokens, total, total / lp_t, eos), why))
+    still = {s for s, d in zip(sent_r, done_r.tolist(), strict=True) if not d}
+    done = {f.sent: f.why for f in finished if f.sent not in still}  # its last row ended
+    return StepView(
+        kind, t, live, logits_rV, lp_rV, tuple(cands), tuple(finished), tuple(done.items())
+    )
+
+
 def greedy_search(
-    model: Decodable, src_BS: Tensor, cfg: DecodeConfig | None = None, *, use_cache: bool = True
+    model: Decodable,
+    src_BS: Tensor,
+    cfg: DecodeConfig | None = None,
+    *,
+    use_cache: bool = True,
+    on_step: OnStep | None = None,
 ) -> list[Hypothesis]:
     """Argmax decoding, one `Hypothesis` per source row (uses cfg's length limits and alpha).
 
     Shapes: src_BS (B, S) right-padded source ids. `use_cache=False` recomputes the decoder
     over the whole prefix at every step (a reference for tests and the benchmark).
+    `on_step` is called with a `StepView` after every step (module docstring).
     """
     cfg = cfg or DecodeConfig()
     check_decode_config(cfg)
     with _inference(model):
-        return _search_single(model, src_BS, cfg, _pick_best, use_cache=use_cache)
+        return _search_single(model, src_BS, cfg, _pick_best, use_cache=use_cache, on_step=on_step)
 
 
 def greedy_decode(
@@ -248,33 +427,59 @@ def greedy_decode(
     return [h.tokens for h in greedy_search(model, src_BS, cfg)]
 
 
-def sample_search(model: Decodable, src_BS: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
-    """`cfg.nbest` samples per sentence with temperature, top-k and top-p, seeded by cfg.seed.
+def sample_search(
+    model: Decodable,
+    src_BS: Tensor,
+    cfg: DecodeConfig,
+    *,
+    row_seeds: Sequence[int] | None = None,
+    on_step: OnStep | None = None,
+) -> list[list[Hypothesis]]:
+    """`cfg.nbest` samples per sentence with temperature, top-k and top-p.
 
-    Scores are the model's own log-probabilities (temperature 1, unfiltered), so the samples
-    of a sentence are ranked best first. The same input, seed and settings give the same output.
+    Sentence i draws its samples from its own generator, seeded `row_seeds[i]` (default: every
+    sentence `sample_seed(cfg.seed, 1)`, as if it were line 1 of a file), so its samples do not
+    depend on the other sentences of the batch. Scores are the model's own log-probabilities
+    (temperature 1, unfiltered), so the samples of a sentence are ranked best first.
     """
     check_decode_config(cfg)
-    device = src_BS.device
-    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    B, n, device = src_BS.size(0), cfg.nbest, src_BS.device
+    seeds = [sample_seed(cfg.seed, 1)] * B if row_seeds is None else list(row_seeds)
+    if len(seeds) != B:
+        raise ValueError(f"{len(seeds)} row seeds for {B} sentences")
+    u_RT = _uniforms(seeds, n, model.cfg.max_len).to(device)
 
-    def pick(lp_rV: Tensor) -> tuple[Tensor, Tensor]:
+    def pick(lp_rV: Tensor, rows_r: Tensor, t: int) -> tuple[Tensor, Tensor]:
         logits_rV = top_p_filter(top_k_filter(lp_rV / cfg.temperature, cfg.top_k), cfg.top_p)
-        next_r = torch.multinomial(logits_rV.softmax(-1), 1, generator=gen)[:, 0]
+        next_r = inverse_cdf_sample(logits_rV.softmax(-1), u_RT[rows_r, t])
         return next_r, lp_rV.gather(1, next_r[:, None])[:, 0]
 
-    n = cfg.nbest
-    rows = torch.arange(src_BS.size(0), device=device).repeat_interleave(n)
+    rows = torch.arange(B, device=device).repeat_interleave(n)
     with _inference(model):
-        flat = _search_single(model, src_BS.index_select(0, rows), cfg, pick)
+        flat = _search_single(
+            model, src_BS.index_select(0, rows), cfg, pick, on_step=on_step, kind="sample",
+            per_sent=n,
+        )  # fmt: skip
     groups = [flat[i : i + n] for i in range(0, len(flat), n)]
     return [sorted(g, key=lambda h: -h.score) for g in groups]
+
+
+def _uniforms(seeds: list[int], n: int, T: int) -> Tensor:
+    """(len(seeds) * n, T) float64 uniforms in [0, 1): sentence i's n samples read the stream
+    of a CPU generator seeded seeds[i] (one number per step), whatever the device."""
+    per_sent = [
+        torch.rand(n, T, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+        for s in seeds
+    ]
+    return torch.cat(per_sent) if per_sent else torch.zeros(0, T, dtype=torch.float64)
 
 
 # --- beam search ----------------------------------------------------------------------------------
 
 
-def beam_search(model: Decodable, src_BS: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
+def beam_search(
+    model: Decodable, src_BS: Tensor, cfg: DecodeConfig, *, on_step: OnStep | None = None
+) -> list[list[Hypothesis]]:
     """Batched beam search: every sentence's beams in one (B * N)-row tensor (§6.1).
 
     Each step scores all N * V extensions of a sentence's beams by cumulative log-probability
@@ -283,14 +488,26 @@ def beam_search(model: Decodable, src_BS: Tensor, cfg: DecodeConfig) -> list[lis
     A sentence is done (early termination, as in fairseq) once N hypotheses have ended, or when
     its beams reach its length limit, where the N best candidates end as they are. Done
     sentences leave the batch. Returns, per sentence, the `cfg.nbest` best by score.
+    `on_step` is called with a `StepView` after every step (module docstring).
     """
     check_decode_config(cfg)
     with _inference(model):
-        return _beam_search(model, src_BS, cfg)
+        return _beam_search(model, src_BS, cfg, on_step)
 
 
-def _beam_search(model: Decodable, src_BS: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
-    B, N, device = src_BS.size(0), cfg.beam_size, src_BS.device
+class _TopK(NamedTuple):
+    """A beam step's 2N best candidates per live sentence (b sentences, K = 2N)."""
+
+    scores_bK: Tensor  # total log-probability
+    beam_bK: Tensor  # the beam (0..n-1) each extends
+    tok_bK: Tensor
+    is_eos_bK: Tensor
+
+
+def _beam_search(
+    model: Decodable, src_BS: Tensor, cfg: DecodeConfig, on_step: OnStep | None
+) -> list[list[Hypothesis]]:
+    B, N, device, special = src_BS.size(0), cfg.beam_size, src_BS.device, model.cfg
     if B == 0:
         return []
     memory = model.encode(src_BS)
@@ -299,8 +516,8 @@ def _beam_search(model: Decodable, src_BS: Tensor, cfg: DecodeConfig) -> list[li
     # The first step feeds only BOS, the same for every beam: it runs on one row per sentence,
     # and its N best tokens then fan out into N beams (cross-attention K/V copied, not redone).
     cache = model.init_cache(memory, T)
-    tokens_rT = src_BS.new_full((B, T + 1), PAD_ID)
-    tokens_rT[:, 0] = BOS_ID
+    tokens_rT = src_BS.new_full((B, T + 1), special.pad_id)
+    tokens_rT[:, 0] = special.bos_id
     scores_bn = torch.zeros(B, 1, device=device)  # n = live beams per sentence: 1, then N
     sents = list(range(B))  # original index of each live sentence
     ended: list[list[Hypothesis]] = [[] for _ in range(B)]
@@ -308,18 +525,22 @@ def _beam_search(model: Decodable, src_BS: Tensor, cfg: DecodeConfig) -> list[li
         b, n = scores_bn.shape
         logits_rV, cache = model.decode_step(tokens_rT[:, t : t + 1], memory, cache)
         lp_rV = logits_rV.float().log_softmax(-1)
-        _forbid(lp_rV, t < cfg.min_len)
+        _forbid(lp_rV, special, t < cfg.min_len)
         V = lp_rV.size(-1)
         cand_bnV = scores_bn[:, :, None] + lp_rV.view(b, n, V)
         top_bK, idx_bK = cand_bnV.view(b, n * V).topk(min(2 * N, n * V), dim=-1)  # K = 2N
-        beam_bK, tok_bK = idx_bK // V, idx_bK % V
-        is_eos_bK = tok_bK == EOS_ID
+        tok_bK = idx_bK % V
+        top = _TopK(top_bK, idx_bK // V, tok_bK, tok_bK == special.eos_id)
         last = (t + 1 >= max_len_b).tolist()
-        done = _set_aside(ended, sents, t, n, cfg, last, tokens_rT, top_bK, beam_bK, tok_bK)
+        before = None if on_step is None else [len(ended[s]) for s in sents]
+        done = _set_aside(ended, sents, t, cfg, last, tokens_rT, top)
         # The N best non-EOS candidates stay alive (a stable sort keeps their score order).
-        alive_bN = is_eos_bK.sort(dim=1, stable=True).indices[:, :N]
+        alive_bN = top.is_eos_bK.sort(dim=1, stable=True).indices[:, :N]
+        if on_step is not None and before is not None:
+            state = _BeamState(sents, tokens_rT, scores_bn, ended, before, last, done)
+            on_step(_beam_view(t, cfg, state, logits_rV, lp_rV, top, alive_bN))
         scores_bn = top_bK.gather(1, alive_bN)
-        parent_bN = beam_bK.gather(1, alive_bN) + torch.arange(b, device=device)[:, None] * n
+        parent_bN = top.beam_bK.gather(1, alive_bN) + torch.arange(b, device=device)[:, None] * n
         parent_r, next_r = parent_bN.view(-1), tok_bK.gather(1, alive_bN).view(-1)
         if any(done):  # done sentences leave the batch
             keep_b = torch.tensor([i for i in range(b) if not done[i]], device=device)
@@ -339,46 +560,142 @@ def _beam_search(model: Decodable, src_BS: Tensor, cfg: DecodeConfig) -> list[li
     return [sorted(h, key=lambda h: -h.score)[: cfg.nbest] for h in ended]
 
 
+def _ends(top: _TopK, last: list[bool], N: int) -> Tensor:
+    """Which candidates end this step: EOS among the N best, or any of the N best at the
+    length limit; never one with probability 0."""
+    ends_bK = top.is_eos_bK.clone()
+    ends_bK[:, N:] = False
+    ends_bK[torch.tensor(last, device=ends_bK.device), :N] = True
+    return ends_bK & (top.scores_bK > float("-inf"))
+
+
 def _set_aside(
     ended: list[list[Hypothesis]],
     sents: list[int],
     t: int,
-    n: int,
     cfg: DecodeConfig,
     last: list[bool],
     tokens_rT: Tensor,
-    top_bK: Tensor,
-    beam_bK: Tensor,
-    tok_bK: Tensor,
+    top: _TopK,
 ) -> list[bool]:
     """Move the hypotheses that end at step t into `ended`; return which sentences are done.
 
-    A candidate ends if it is EOS and among its sentence's N best, or if it is among the N best
-    when the sentence reaches its length limit. Few per step, so a Python loop is cheap.
+    A sentence keeps at most N ended hypotheses (the first N, in score order within a step).
+    Few end per step, so a Python loop is cheap.
     """
     N, alpha = cfg.beam_size, cfg.alpha
-    is_eos_bK = tok_bK == EOS_ID
-    ends_bK = is_eos_bK.clone()
-    ends_bK[:, N:] = False
-    ends_bK[torch.tensor(last, device=ends_bK.device), :N] = True
-    ends_bK &= top_bK > float("-inf")
-    for i, j in ends_bK.nonzero().tolist():
+    n = tokens_rT.size(0) // len(sents)
+    for i, j in _ends(top, last, N).nonzero().tolist():
         s = sents[i]
         if len(ended[s]) >= N:
             continue
-        eos = bool(is_eos_bK[i, j])
-        row = i * n + int(beam_bK[i, j])
-        toks = tokens_rT[row, 1 : t + 1].tolist() + ([] if eos else [int(tok_bK[i, j])])
-        lp = float(top_bK[i, j])
+        eos = bool(top.is_eos_bK[i, j])
+        row = i * n + int(top.beam_bK[i, j])
+        toks = tokens_rT[row, 1 : t + 1].tolist() + ([] if eos else [int(top.tok_bK[i, j])])
+        lp = float(top.scores_bK[i, j])
         ended[s].append(Hypothesis(toks, lp, lp / length_penalty(t + 1, alpha), eos))
     return [last[i] or len(ended[s]) >= N for i, s in enumerate(sents)]
 
 
-def search(model: Decodable, src_BS: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
-    """The search `cfg` asks for: sampling, greedy (beam 1, nbest 1) or beam search."""
+@dataclass(frozen=True)
+class _BeamState:
+    """What `_beam_view` reads of a beam step besides its candidates."""
+
+    sents: list[int]
+    tokens_rT: Tensor  # BOS, then the live hypotheses' tokens
+    scores_bn: Tensor  # their total log-probabilities, before the step
+    ended: list[list[Hypothesis]]  # after the step
+    before: list[int]  # how many had ended per live sentence before the step
+    last: list[bool]  # which sentences are at their length limit
+    done: list[bool]
+
+
+def _beam_view(
+    t: int,
+    cfg: DecodeConfig,
+    st: _BeamState,
+    logits_rV: Tensor,
+    lp_rV: Tensor,
+    top: _TopK,
+    alive_bN: Tensor,
+) -> StepView:
+    """The StepView of beam step t: the 2N candidates of every sentence and their fates."""
+    N, alpha = cfg.beam_size, cfg.alpha
+    n = st.scores_bn.size(1)
+    live = tuple(
+        LiveHyp(st.sents[r // n], tuple(toks), lp, lp / length_penalty(t, alpha))
+        for r, (toks, lp) in enumerate(
+            zip(st.tokens_rT[:, 1 : t + 1].tolist(), st.scores_bn.view(-1).tolist(), strict=True)
+        )
+    )
+    ends, alive = _ends(top, st.last, N).tolist(), alive_bN.tolist()
+    scores, beams, toks, eos = (x.tolist() for x in top)
+    lp_t = length_penalty(t + 1, alpha)
+    cands: list[Candidate] = []
+    finished: list[Finished] = []
+    for i, s in enumerate(st.sents):
+        new = st.ended[s][st.before[i] :]
+        finished += [Finished(s, h, "eos" if h.eos else "length limit") for h in new]
+        fates = _fates(ends[i], alive[i], eos[i], scores[i], len(new), st.last[i], st.done[i], N)
+        for j, (fate, why) in enumerate(fates):
+            lp = scores[i][j]
+            cands.append(
+                Candidate(s, j + 1, i * n + beams[i][j], toks[i][j], lp, lp / lp_t, fate, why)
+            )
+    done = tuple(
+        (s, "length limit" if st.last[i] else "beam full")
+        for i, s in enumerate(st.sents)
+        if st.done[i]
+    )
+    return StepView("beam", t, live, logits_rV, lp_rV, tuple(cands), tuple(finished), done)
+
+
+def _fates(
+    ends: list[bool],
+    alive: list[int],
+    eos: list[bool],
+    scores: list[float],
+    n_new: int,
+    last: bool,
+    done: bool,
+    N: int,
+) -> list[tuple[str, str]]:
+    """(fate, why) of one sentence's candidates, best first, as `_beam_search` decides them."""
+    slot = {j: k for k, j in enumerate(alive)}
+    out, taken = [], 0
+    for j, (end, is_eos, lp) in enumerate(zip(ends, eos, scores, strict=True)):
+        if end:  # ends, unless N hypotheses have ended already
+            why = "eos" if is_eos else "length limit"
+            out.append(("finished", why) if taken < n_new else ("pruned", "N already finished"))
+            taken += 1
+        elif j in slot and not done:
+            out.append(("live", f"beam slot {slot[j] + 1} of {N}"))
+        elif lp == float("-inf"):
+            out.append(("pruned", "impossible"))
+        elif j in slot:  # alive, but its sentence is done
+            out.append(("pruned", "length limit" if last else "early termination"))
+        elif is_eos:
+            out.append(("pruned", "eos below the N best"))
+        else:
+            out.append(("pruned", "length limit" if last else "beam full"))
+    return out
+
+
+def search(
+    model: Decodable,
+    src_BS: Tensor,
+    cfg: DecodeConfig,
+    *,
+    row_seeds: Sequence[int] | None = None,
+    on_step: OnStep | None = None,
+) -> list[list[Hypothesis]]:
+    """The search `cfg` asks for: sampling, greedy (beam 1, nbest 1) or beam search.
+
+    `row_seeds` (sampling only): one generator seed per source row (`sample_search`).
+    """
     check_decode_config(cfg)
     if cfg.sample:
-        return sample_search(model, src_BS, cfg)
+        return sample_search(model, src_BS, cfg, row_seeds=row_seeds, on_step=on_step)
     if cfg.beam_size == 1:
-        return [[h] for h in greedy_search(model, src_BS, cfg)]
-    return beam_search(model, src_BS, cfg)
+        return [[h] for h in greedy_search(model, src_BS, cfg, on_step=on_step)]
+    return beam_search(model, src_BS, cfg, on_step=on_step)

@@ -1,10 +1,13 @@
 """The glass box: one sentence through a trained model, every intermediate named (issue 6).
 
-`explain(model, tok, "sentence")` runs the real forward pass under `aiayn.attention.tracing()`
-(encoder once, then the decoder step by step through greedy decoding with the KV cache, exactly
-as translation runs it) and returns a `Trace`: every recorded tensor under a stable name, with
-row and column labels (tokens or dimensions), plus the top-k next tokens of every step.
-`aiayn.explain_render` prints a `Trace` as text tables, JSON or HTML.
+`explain(model, tok, "sentence")` runs `aiayn.decode`'s own greedy search (or sampling) under
+`aiayn.attention.tracing()` and watches it through the search's `on_step` hook: the encoder
+once, then the decoder step by step with the KV cache, exactly as translation runs it. It
+returns an `Explanation`: every recorded tensor under a stable name, with row and column labels
+(tokens or dimensions), plus the top-k next tokens of every step and the token the search took.
+`trace_beam` watches `aiayn.decode.beam_search` the same way: every step's candidates and
+their fate. There is no second search here, so what is shown is what `aiayn translate` does.
+`aiayn.explain_render` prints an `Explanation` as text tables, JSON or HTML.
 
 Stable names (docs/explain.md has the full list):
     encoder.embed.tokens | positions | sum          token embedding x sqrt(d_model), PE, their sum
@@ -24,20 +27,25 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from aiayn.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig
-from aiayn.decode import max_output_lengths
+from aiayn.config import DecodeConfig
+from aiayn.decode import (
+    Hypothesis,
+    OnStep,
+    StepView,
+    beam_search,
+    greedy_search,
+    max_output_lengths,
+    sample_search,
+    sample_seed,
+)
 from aiayn.errors import AiaynError
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
-from aiayn.tracing import tracing
-
-if TYPE_CHECKING:  # explain_beam imports this module
-    from aiayn.explain_beam import BeamTrace
+from aiayn.tracing import Trace, tracing
 
 # One line per leaf name: what the tensor is, in the paper's terms.
 DESCRIPTIONS: dict[str, str] = {
@@ -96,7 +104,7 @@ class Entry:
 
 @dataclass
 class StepChoice:
-    """Greedy decoding step t: the token fed in, the top-k next tokens, the one chosen."""
+    """Decoding step t: the token fed in, the top-k next tokens, the one the search took."""
 
     t: int
     input_id: int
@@ -104,10 +112,62 @@ class StepChoice:
     top: list[tuple[int, str, float]]  # (id, piece, probability), best first
     chosen_id: int
     chosen_piece: str
+    banned: tuple[int, ...] = ()  # ids in `top` the search may not emit here (PAD, BOS, early EOS)
+
+
+# --- beam search, as `trace_beam` records it ---------------------------------------------------
 
 
 @dataclass
-class Trace:
+class BeamCandidate:
+    """One extension of a live hypothesis by one token, as the search saw it."""
+
+    rank: int  # 1 = highest total log-probability among this step's candidates
+    parent: int  # index of the extended hypothesis in the step's `live` list
+    token: int
+    piece: str
+    log_prob: float  # total log-probability of the extended hypothesis
+    score: float  # log_prob / lp(length): what finished hypotheses are ranked by
+    status: str  # "live" | "finished" | "pruned"
+    reason: str
+
+
+@dataclass
+class BeamHypothesis:
+    tokens: list[int]  # generated tokens, without BOS and EOS (as in aiayn.decode)
+    pieces: list[str]
+    log_prob: float
+    score: float
+    eos: bool = False
+    reason: str = ""
+
+    def text(self) -> str:
+        return " ".join(self.pieces + (["</s>"] if self.eos else [])) or "<s>"
+
+
+@dataclass
+class BeamStep:
+    t: int
+    live: list[BeamHypothesis]  # hypotheses entering the step
+    candidates: list[BeamCandidate]
+
+
+@dataclass
+class BeamTrace:
+    beam_size: int
+    alpha: float
+    max_len: int
+    steps: list[BeamStep] = field(default_factory=list)
+    finished: list[BeamHypothesis] = field(default_factory=list)
+    stop_reason: str = ""
+
+    @property
+    def best(self) -> BeamHypothesis:
+        return max(self.finished, key=lambda h: h.score)
+
+
+@dataclass
+class Explanation:
     """A traced translation of one sentence: every intermediate under a stable name."""
 
     source: str
@@ -119,13 +179,15 @@ class Trace:
     config: dict[str, object]
     entries: dict[str, Entry] = field(default_factory=dict)
     steps: list[StepChoice] = field(default_factory=list)
-    beam: BeamTrace | None = None  # when asked for (aiayn.explain_beam.trace_beam)
+    search: str = "greedy"  # "greedy" | "sample": the search that was traced
+    hypothesis: Hypothesis | None = None  # what that search returned (tokens, log_prob, score)
+    beam: BeamTrace | None = None  # when asked for (`trace_beam`)
 
     def __getitem__(self, name: str) -> Tensor:
         try:
             return self.entries[name].value
         except KeyError:
-            raise KeyError(f"no traced tensor {name!r}; see Trace.names()") from None
+            raise KeyError(f"no traced tensor {name!r}; see Explanation.names()") from None
 
     def names(self) -> list[str]:
         return list(self.entries)
@@ -155,7 +217,11 @@ def stable_name(model_name: str) -> str:
 
 
 def _add(
-    trace: Trace, raw: dict[str, Tensor], queries: list[str], keys: dict[str, list[str]], t: int = 0
+    out: Explanation,
+    raw: dict[str, Tensor],
+    queries: list[str],
+    keys: dict[str, list[str]],
+    t: int = 0,
 ) -> None:
     """Turn the recorder's raw tensors into labelled entries (per head for (B, H, T, K) ones).
 
@@ -174,11 +240,11 @@ def _add(
                 cols = key_rows if leaf.startswith(("scores", "weights")) else None
                 full = f"{base}.head{h + 1}.{out_leaf}"
                 rows, start = (key_rows, 0) if leaf in ("k", "v") else (queries, t)
-                trace.entries[full] = Entry(full, x[0, h], rows, cols, start)
+                out.entries[full] = Entry(full, x[0, h], rows, cols, start)
         elif x.dim() == 3:  # (B, T, D)
-            trace.entries[name] = Entry(name, x[0], queries, None, t)
+            out.entries[name] = Entry(name, x[0], queries, None, t)
         else:  # positions: (T, D), no batch dimension
-            trace.entries[name] = Entry(name, x, queries, None, t)
+            out.entries[name] = Entry(name, x, queries, None, t)
 
 
 def _check(model: object, tok: Tokenizer) -> Transformer:
@@ -206,23 +272,51 @@ def source_ids(model: Transformer, tok: Tokenizer, sentence: str) -> list[int]:
     return ids
 
 
-def max_steps_for(model: Transformer, n_src: int, max_len: int | None) -> int:
-    """Output length limit, as `aiayn.decode` sets it: `max_len` if given, else
-    floor(a * source length + b) from `DecodeConfig` (source + 50, §6.1), within the model."""
-    a, b = (
-        (0.0, max_len) if max_len is not None else (DecodeConfig.max_len_a, DecodeConfig.max_len_b)
-    )
-    return int(max_output_lengths(torch.tensor([n_src]), a, b, model.cfg.max_len)[0])
+def _decode_config(cfg: DecodeConfig | None, max_len: int | None, **fields: object) -> DecodeConfig:
+    """`cfg` (default: the paper's) with `fields` replaced; `max_len` fixes the output limit."""
+    cfg = dataclasses.replace(cfg or DecodeConfig(), **fields)  # type: ignore[arg-type]
+    if max_len is not None:
+        cfg = dataclasses.replace(cfg, max_len_a=0.0, max_len_b=max_len)
+    return cfg
 
 
-def next_token(probs_V: Tensor) -> int:
-    """Greedy choice as `aiayn.decode` makes it: the most probable token, never PAD or BOS."""
-    allowed_V = probs_V.clone()
-    allowed_V[[PAD_ID, BOS_ID]] = -1.0
-    return int(allowed_V.argmax())
+def _encoder_part(raw: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k: v for k, v in raw.items() if k.startswith(("src_embed.", "encoder."))}
 
 
-@torch.no_grad()
+def _decoder_part(raw: dict[str, Tensor], t: int) -> dict[str, Tensor]:
+    return {f"step{t}.{k}": v for k, v in raw.items() if k.startswith(("tgt_embed.", "decoder."))}
+
+
+def _recorder(out: Explanation, rec: Trace, tok: Tokenizer, top_k: int, bos_id: int) -> OnStep:
+    """An `on_step` observer for a one-sentence greedy or sampling search run under `rec`:
+    each step, it files what was recorded since the last one (the encoder's at the first)."""
+
+    def on_step(view: StepView) -> None:
+        t = view.t
+        raw = dict(rec.tensors)
+        rec.tensors.clear()  # the next step records the same names again
+        if t == 0:
+            _add(out, _encoder_part(raw), out.src_pieces, {"self_attn": out.src_pieces})
+        fed = [bos_id, *view.live[0].tokens]
+        fed_pieces = tok.pieces(fed)
+        keys = {"self_attn": fed_pieces, "cross_attn": out.src_pieces}
+        _add(out, _decoder_part(raw, t), [fed_pieces[-1]], keys, t)
+        logits_V = view.logits_RV[0].cpu()
+        probs_V = torch.softmax(logits_V.float(), dim=-1)
+        for leaf, x in (("logits", logits_V), ("probs", probs_V)):
+            out.entries[f"step{t}.{leaf}"] = Entry(f"step{t}.{leaf}", x, [fed_pieces[-1]], None, t)
+        p_k, i_k = probs_V.topk(min(top_k, probs_V.numel()))
+        top = [(int(i), tok.pieces([int(i)])[0], float(p)) for p, i in zip(p_k, i_k, strict=True)]
+        allowed_V = view.log_probs_RV[0].cpu() > float("-inf")
+        banned = tuple(i for i, _, _ in top if not allowed_V[i])
+        chosen = view.candidates[0].token
+        piece = tok.pieces([chosen])[0]
+        out.steps.append(StepChoice(t, fed[-1], fed_pieces[-1], top, chosen, piece, banned))
+
+    return on_step
+
+
 def explain(
     model: Transformer,
     tok: Tokenizer,
@@ -230,55 +324,111 @@ def explain(
     *,
     top_k: int = 5,
     max_len: int | None = None,
-) -> Trace:
-    """Trace the greedy translation of `sentence` through `model`.
+    cfg: DecodeConfig | None = None,
+    line_no: int = 1,
+) -> Explanation:
+    """Trace the greedy (or, with `cfg.sample`, sampled) translation of `sentence`.
 
     Args:
         top_k: how many next-token candidates to keep per decoding step.
-        max_len: most tokens to generate (default: source length + 50).
+        max_len: most tokens to generate (default: cfg's limit, source length + 50).
+        cfg: search settings (default `DecodeConfig()`); beam size and nbest are taken as 1.
+        line_no: the sentence's line number for sampling seeds (`aiayn translate` numbers the
+            lines of its input from 1), so a sample here is the one `translate` draws.
     Returns:
-        A `Trace` with the encoder pass and every decoding step `step{t}.*`.
+        An `Explanation` with the encoder pass and every decoding step `step{t}.*`.
     """
     model = _check(model, tok)
     model.eval()
+    cfg = _decode_config(cfg, max_len, beam_size=1, nbest=1)
     ids = source_ids(model, tok, sentence)
-    src_pieces = tok.pieces(ids)
     dev = next(model.parameters()).device  # what the model reads lives on its device
     src_BS = torch.tensor([ids], device=dev)
-    trace = Trace(sentence, ids, src_pieces, [], [], "", _config_summary(model))
+    search = "sample" if cfg.sample else "greedy"
+    out = Explanation(sentence, ids, tok.pieces(ids), [], [], "", _config_summary(model))
+    out.search = search
     with tracing() as rec:
-        memory = model.encode(src_BS)
-    _add(trace, rec.tensors, src_pieces, {"self_attn": src_pieces})
+        on_step = _recorder(out, rec, tok, top_k, model.cfg.bos_id)
+        if cfg.sample:
+            seed = sample_seed(cfg.seed, line_no)
+            hyp = sample_search(model, src_BS, cfg, row_seeds=[seed], on_step=on_step)[0][0]
+        else:
+            hyp = greedy_search(model, src_BS, cfg, on_step=on_step)[0]
+    out.hypothesis = hyp
+    out.tgt_ids = hyp.tokens + ([model.cfg.eos_id] if hyp.eos else [])
+    out.tgt_pieces = tok.pieces(out.tgt_ids)
+    out.translation = tok.decode(hyp.tokens)
+    return out
 
-    n_steps = max_steps_for(model, len(ids), max_len)
-    cache = model.init_cache(memory, capacity=n_steps)
-    fed = [BOS_ID]
-    for t in range(n_steps):
-        with tracing(prefix=f"step{t}.") as rec:
-            logits_1V, cache = model.decode_step(
-                torch.tensor([[fed[-1]]], device=dev), memory, cache
+
+# What each of `aiayn.decode.Candidate`'s reasons means, in words (N = the beam size).
+_REASONS = {
+    ("finished", "eos"): "ends in </s> among the N best: final, ranked by score",
+    ("finished", "length limit"): "length limit: among the N best, ends here without </s>",
+    ("pruned", "N already finished"): "{N} hypotheses have already finished",
+    ("pruned", "eos below the N best"): "ends in </s> but ranks below the N best: dropped",
+    ("pruned", "length limit"): "length limit: ranks below the N best",
+    ("pruned", "beam full"): "beam full: {N} extensions with higher log-probability took the slots",
+    ("pruned", "early termination"): "{N} hypotheses have finished: the search stops here",
+    ("pruned", "impossible"): "impossible (probability 0)",
+}
+
+
+def _reason(fate: str, why: str, beam_size: int) -> str:
+    text = _REASONS.get((fate, why), f"kept: {why}" if fate == "live" else why)
+    return text.replace("{N}", str(beam_size))
+
+
+def trace_beam(
+    model: Transformer,
+    tok: Tokenizer,
+    sentence: str,
+    cfg: DecodeConfig,
+    *,
+    max_len: int | None = None,
+) -> BeamTrace:
+    """Run `aiayn.decode.beam_search` on one sentence and record every decision it makes.
+
+    Args:
+        cfg: search settings (beam_size, alpha, min_len, length limits); nbest is the beam size.
+        max_len: most output tokens (default: cfg's limit, source length + 50).
+    Returns:
+        A `BeamTrace`; `.best` is what beam search outputs (the highest score).
+    """
+    model = _check(model, tok)
+    model.eval()
+    cfg = _decode_config(cfg, max_len, sample=False, nbest=cfg.beam_size)
+    ids = source_ids(model, tok, sentence)
+    src_len = torch.tensor([len(ids)])
+    limit = int(max_output_lengths(src_len, cfg.max_len_a, cfg.max_len_b, model.cfg.max_len)[0])
+    out = BeamTrace(cfg.beam_size, cfg.alpha, limit)
+    N = cfg.beam_size
+
+    def hyp(tokens: list[int], log_prob: float, score: float) -> BeamHypothesis:
+        return BeamHypothesis(tokens, tok.pieces(tokens), log_prob, score)
+
+    def on_step(view: StepView) -> None:
+        live = [hyp(list(h.tokens), h.log_prob, h.score) for h in view.live]
+        cands = [
+            BeamCandidate(c.rank, c.parent, c.token, tok.pieces([c.token])[0], c.log_prob,
+                          c.score, c.fate, _reason(c.fate, c.why, N))
+            for c in view.candidates
+        ]  # fmt: skip
+        out.steps.append(BeamStep(view.t, live, cands))
+        for f in view.finished:
+            done = hyp(f.hyp.tokens, f.hyp.log_prob, f.hyp.score)
+            done.eos, done.reason = f.hyp.eos, _reason("finished", f.why, N)
+            out.finished.append(done)
+        for _sent, why in view.done:
+            out.stop_reason = (
+                f"length limit of {limit} output tokens reached at step {view.t}"
+                if why == "length limit"
+                else f"{N} hypotheses finished (= the beam size) by step {view.t}"
             )
-        logits_1V = logits_1V.cpu()
-        fed_pieces = tok.pieces(fed)
-        keys = {"self_attn": fed_pieces, "cross_attn": src_pieces}
-        _add(trace, rec.tensors, [fed_pieces[-1]], keys, t)
-        probs_V = torch.softmax(logits_1V[0].float(), dim=-1)
-        for leaf, x in (("logits", logits_1V[0]), ("probs", probs_V)):
-            trace.entries[f"step{t}.{leaf}"] = Entry(
-                f"step{t}.{leaf}", x, [fed_pieces[-1]], None, t
-            )
-        p_k, i_k = probs_V.topk(min(top_k, probs_V.numel()))
-        top = [(int(i), tok.pieces([int(i)])[0], float(p)) for p, i in zip(p_k, i_k, strict=True)]
-        chosen = next_token(probs_V)
-        piece = tok.pieces([chosen])[0]
-        trace.steps.append(StepChoice(t, fed[-1], fed_pieces[-1], top, chosen, piece))
-        fed.append(chosen)
-        if chosen == EOS_ID:
-            break
-    trace.tgt_ids = fed[1:]
-    trace.tgt_pieces = tok.pieces(trace.tgt_ids)
-    trace.translation = tok.decode(trace.tgt_ids)
-    return trace
+
+    dev = next(model.parameters()).device
+    beam_search(model, torch.tensor([ids], device=dev), cfg, on_step=on_step)
+    return out
 
 
 def _config_summary(model: Transformer) -> dict[str, object]:
@@ -300,13 +450,9 @@ def greedy_translate(
     model: Transformer, tok: Tokenizer, sentence: str, max_len: int | None = None
 ) -> tuple[list[int], list[int]]:
     """(source ids, generated ids incl. EOS when produced): `aiayn.decode`'s greedy search."""
-    from aiayn.decode import greedy_search
-
     model = _check(model, tok)
     ids = source_ids(model, tok, sentence)
-    cfg = DecodeConfig(beam_size=1)
-    if max_len is not None:
-        cfg = dataclasses.replace(cfg, max_len_a=0.0, max_len_b=max_len)
+    cfg = _decode_config(None, max_len, beam_size=1)
     device = next(model.parameters()).device
     hyp = greedy_search(model, torch.tensor([ids], device=device), cfg)[0]
-    return ids, hyp.tokens + ([EOS_ID] if hyp.eos else [])
+    return ids, hyp.tokens + ([model.cfg.eos_id] if hyp.eos else [])

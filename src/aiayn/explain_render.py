@@ -1,4 +1,4 @@
-"""Print a `Trace` (aiayn.explain) as text tables, JSON or one self-contained HTML page.
+"""Print an `Explanation` (aiayn.explain) as text tables, JSON or one self-contained HTML page.
 
 A `View` chooses what to show, so that a 512-dimensional, 6-layer, 8-head model stays
 readable: which layers and heads, which decoding steps in full, how many model dimensions per
@@ -13,12 +13,12 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from aiayn.config import BOS_ID, PAD_ID
 from aiayn.errors import AiaynError
-from aiayn.explain import NAME_RE, Entry, Trace
-from aiayn.explain_beam import BeamTrace
+from aiayn.explain import NAME_RE, BeamTrace, Entry, Explanation
 
 HEAD_LEAVES = ("q", "k", "v", "scores", "scores_scaled", "scores_masked", "weights", "output")
+SEARCH_NAME = {"greedy": "greedy translation", "sample": "sampled translation"}
+CHOSEN = {"greedy": "greedy: the most probable", "sample": "sampled"}
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class View:
     dims: int = 8  # model dimensions shown per vector
     precision: int = 4
 
-    def check(self, trace: Trace) -> None:
+    def check(self, trace: Explanation) -> None:
         """Raise a clear error for a layer or head the model does not have."""
         n_layers, n_heads = int(trace.config["n_layers"]), int(trace.config["n_heads"])
         for what, chosen, valid in (
@@ -100,7 +100,7 @@ def _layer(stack: str, layer: int, n_heads: int) -> list[str]:
     return names
 
 
-def sections(trace: Trace, view: View) -> Iterator[tuple[str, list[Entry], int | None]]:
+def sections(trace: Explanation, view: View) -> Iterator[tuple[str, list[Entry], int | None]]:
     """(title, entries, step) in computation order; step is set for decoding-step sections."""
     L, H = int(trace.config["n_layers"]), int(trace.config["n_heads"])
     embed = ("tokens", "positions", "sum")
@@ -157,22 +157,23 @@ def _table(entry: Entry, view: View) -> list[str]:
     return lines
 
 
-def _top_k_lines(trace: Trace, t: int) -> list[str]:
+def _top_k_lines(trace: Explanation, t: int) -> list[str]:
     choice = trace.steps[t]
     lines = [f"next token after step {t} (top {len(choice.top)} of softmax(logits)):"]
+    chosen = CHOSEN[trace.search]
     for rank, (i, piece, p) in enumerate(choice.top, start=1):
         mark = ""
         if i == choice.chosen_id:
-            mark = "  <- chosen (greedy: the most probable)"
-        elif i in (PAD_ID, BOS_ID):
-            mark = "  (never emitted: search skips PAD and BOS)"
+            mark = f"  <- chosen ({chosen})"
+        elif i in choice.banned:
+            mark = "  (never emitted here: the search bans PAD, BOS, and </s> before --min-len)"
         lines.append(f"  {rank:>2}. {piece!r:<16} id {i:<6} p = {p:.4f}{mark}")
     if choice.chosen_id not in [i for i, _, _ in choice.top]:
         lines.append(f"  chosen: {choice.chosen_piece!r} (id {choice.chosen_id})")
     return lines
 
 
-def to_text(trace: Trace, view: View | None = None) -> str:
+def to_text(trace: Explanation, view: View | None = None) -> str:
     """The trace as plain-text tables, in the order the model computes them."""
     view = view or View()
     view.check(trace)
@@ -182,7 +183,7 @@ def to_text(trace: Trace, view: View | None = None) -> str:
         f"model: d_model={c['d_model']} h={c['n_heads']} d_k={c['d_k']} N={c['n_layers']} "
         f"d_ff={c['d_ff']} vocab={c['vocab_size']}, {c['norm']}, {c['positional']} positions",
         f"source: {trace.source}",
-        f"greedy translation: {trace.translation}",
+        f"{SEARCH_NAME[trace.search]}: {trace.translation}",
         f"showing layers {_which(view.layers)}, heads {_which(view.heads)}, decoding steps "
         f"{_which(view.steps)}; first {view.dims} dims per vector, {view.precision} decimals",
         "names: encoder.{layer}.self_attn.head{h}.{leaf}; layers count from 0, heads from 1",
@@ -202,7 +203,7 @@ def to_text(trace: Trace, view: View | None = None) -> str:
             out += ["", *_top_k_lines(trace, step)]
     out += [
         "",
-        f"== greedy translation: {trace.translation!r} ==",
+        f"== {SEARCH_NAME[trace.search]}: {trace.translation!r} ==",
         "pieces: " + " ".join(repr(p) for p in trace.tgt_pieces),
     ]
     if isinstance(trace.beam, BeamTrace):
@@ -231,16 +232,16 @@ def beam_text(beam: BeamTrace) -> list[str]:
             f"-- step {step.t}: {_plural(len(step.live), 'live hypothesis', 'live hypotheses')} --",
         ]
         for i, h in enumerate(step.live):
-            out.append(f"  [{i}] {h.text():<40} log p = {h.logprob:9.4f}  score = {h.score:9.4f}")
+            out.append(f"  [{i}] {h.text():<40} log p = {h.log_prob:9.4f}  score = {h.score:9.4f}")
         out.append("  rank  from  token             log p      score  status    why")
         for c in step.candidates:
             out.append(
-                f"  {c.rank:>4}  [{c.parent}]  {c.piece!r:<16} {c.logprob:9.4f}  {c.score:9.4f}  "
+                f"  {c.rank:>4}  [{c.parent}]  {c.piece!r:<16} {c.log_prob:9.4f}  {c.score:9.4f}  "
                 f"{c.status:<8}  {c.reason}"
             )
     out += ["", f"stopped: {beam.stop_reason}", "finished hypotheses, best score first:"]
     for h in sorted(beam.finished, key=lambda h: -h.score):
-        out.append(f"  score {h.score:9.4f}  log p {h.logprob:9.4f}  {h.text()}   ({h.reason})")
+        out.append(f"  score {h.score:9.4f}  log p {h.log_prob:9.4f}  {h.text()}   ({h.reason})")
     if beam.finished:
         out.append(f"beam search output: {beam.best.text()}")
     return out
@@ -256,7 +257,7 @@ def _jsonable(rows: list) -> list:
     return [None if v == float("-inf") else v for v in rows]
 
 
-def to_json(trace: Trace, view: View | None = None) -> dict:
+def to_json(trace: Explanation, view: View | None = None) -> dict:
     """The trace as a JSON-ready dict (all dims of the chosen layers/heads/steps)."""
     view = view or View()
     view.check(trace)
@@ -274,13 +275,16 @@ def to_json(trace: Trace, view: View | None = None) -> dict:
                 }
             )
     out = {
-        "format": "aiayn.explain/1",
+        "format": "aiayn.explain/2",  # 2: `search`, log-probabilities; beam `logprob` -> `log_prob`
+        "search": trace.search,
         "config": trace.config,
         "source": {"text": trace.source, "ids": trace.src_ids, "pieces": trace.src_pieces},
         "translation": {
             "text": trace.translation,
             "ids": trace.tgt_ids,
             "pieces": trace.tgt_pieces,
+            "log_prob": trace.hypothesis.log_prob if trace.hypothesis else None,
+            "score": trace.hypothesis.score if trace.hypothesis else None,
         },
         "steps": [
             {
@@ -300,7 +304,7 @@ def to_json(trace: Trace, view: View | None = None) -> dict:
     return out
 
 
-def to_json_text(trace: Trace, view: View | None = None) -> str:
+def to_json_text(trace: Explanation, view: View | None = None) -> str:
     return json.dumps(to_json(trace, view), ensure_ascii=False, allow_nan=False) + "\n"
 
 
@@ -348,7 +352,7 @@ def _html_table(e: Entry, view: View) -> str:
     return f"<table><tr><th></th>{ths}</tr>{''.join(rows)}</table>"
 
 
-def to_html(trace: Trace, view: View | None = None) -> str:
+def to_html(trace: Explanation, view: View | None = None) -> str:
     """One self-contained page (no script, no network): a collapsible table per tensor."""
     view = view or View()
     view.check(trace)
@@ -356,7 +360,8 @@ def to_html(trace: Trace, view: View | None = None) -> str:
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>aiayn explain: "
         f"{esc(trace.source)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>aiayn explain</h1><p>source: <b>{esc(trace.source)}</b><br>greedy translation: "
+        f"<h1>aiayn explain</h1><p>source: <b>{esc(trace.source)}</b><br>"
+        f"{SEARCH_NAME[trace.search]}: "
         f"<b>{esc(trace.translation)}</b></p><pre>{esc(json.dumps(trace.config))}</pre>",
         "<h2>tokens</h2><table><tr><th>pos</th><th>id</th><th>piece</th></tr>",
         *(
@@ -389,26 +394,41 @@ def explain_report(
     top_k: int = 5,
     max_len: int | None = None,
     beam: int = 0,
-    alpha: float = 0.6,
     device: str = "auto",
+    overrides: dict[str, object] | None = None,
 ) -> str:
     """What `aiayn explain` prints: load the model directory onto `device`, trace, render as
-    `fmt` (numbers are computed in fp32 wherever the model runs)."""
+    `fmt` (numbers are computed in fp32 wherever the model runs).
+
+    The search settings are the model's saved `[decode]` table (as for `aiayn translate`) with
+    `overrides` (DecodeConfig fields) replaced; the traced search is greedy, or sampling when
+    `sample` is set, and `beam` > 0 also traces beam search of that size.
+    """
+    import dataclasses
+
     from aiayn.checkpoint import load_model_dir
+    from aiayn.decode import check_decode_config
     from aiayn.device import resolve_device
-    from aiayn.explain import explain
-    from aiayn.explain_beam import trace_beam
+    from aiayn.explain import explain, trace_beam
     from aiayn.model import Transformer
     from aiayn.tokenizer import Tokenizer
+    from aiayn.translate import saved_decode_config
 
     if top_k < 1:
         raise AiaynError(f"--top-k must be at least 1, got {top_k}")
     if max_len is not None and max_len < 1:
         raise AiaynError(f"--max-len must be at least 1, got {max_len}")
+    if beam < 0:
+        raise AiaynError(f"--beam must be at least 1 (0 = no beam trace), got {beam}")
+    given: dict = overrides or {}
+    cfg = dataclasses.replace(saved_decode_config(model_dir), **given)
+    beam_cfg = dataclasses.replace(cfg, beam_size=max(beam, 1), nbest=1, sample=False)
+    for c in (dataclasses.replace(cfg, beam_size=1, nbest=1), beam_cfg):
+        check_decode_config(c)
     model = load_model_dir(model_dir, resolve_device(device), expect=Transformer)
     tok = Tokenizer.load(model_dir)
-    trace = explain(model, tok, sentence, top_k=top_k, max_len=max_len)
+    trace = explain(model, tok, sentence, top_k=top_k, max_len=max_len, cfg=cfg)
     if beam:
-        trace.beam = trace_beam(model, tok, sentence, beam_size=beam, alpha=alpha, max_len=max_len)
+        trace.beam = trace_beam(model, tok, sentence, beam_cfg, max_len=max_len)
     render = {"text": to_text, "json": to_json_text, "html": to_html}[fmt]
     return render(trace, view)

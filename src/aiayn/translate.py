@@ -26,7 +26,7 @@ from tqdm import tqdm
 from aiayn.checkpoint import load_model_dir
 from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, from_dict
 from aiayn.data import pad_rows, read_lines
-from aiayn.decode import Hypothesis, check_decode_config, search
+from aiayn.decode import Hypothesis, check_decode_config, sample_seed, search
 from aiayn.device import Precision, choose_precision, resolve_device
 from aiayn.errors import CheckpointError, DataError
 from aiayn.metrics import bleu, bleu_by_source_length, chrf, exact_match
@@ -170,7 +170,11 @@ class Translator:
         batch_tokens: int = 2048,
         first_line_no: int = 1,
     ) -> list[list[Translation]]:
-        """The `cfg.nbest` best translations of each line (one for an empty line), best first."""
+        """The `cfg.nbest` best translations of each line (one for an empty line), best first.
+
+        `first_line_no` is the line number of `lines[0]` in its file: sampling seeds each line
+        with `sample_seed(cfg.seed, line number)`.
+        """
         check_decode_config(cfg)
         if batch_tokens < 1:
             raise DataError(f"batch_tokens must be at least 1, got {batch_tokens}")
@@ -182,8 +186,11 @@ class Translator:
         ids = [self._fit(x, first_line_no + i) for x, i in zip(ids, todo, strict=True)]
         for batch in token_budget_batches([len(x) for x in ids], batch_tokens):
             src_BS = self._pad([ids[j] for j in batch])
+            # Each sentence samples from its own stream, seeded by its line number, so batching
+            # and buffering do not change what it draws.
+            seeds = [sample_seed(cfg.seed, first_line_no + todo[j]) for j in batch]
             with self.precision.autocast():
-                found = search(self.model, src_BS, cfg)
+                found = search(self.model, src_BS, cfg, row_seeds=seeds)
             for j, hyps in zip(batch, found, strict=True):
                 results[todo[j]] = [
                     Translation(one_line(self.tokenizer.decode(h.tokens)), h) for h in hyps
