@@ -418,9 +418,21 @@ METRICS_FILE = "metrics.jsonl"
 # TrainConfig fields that may differ when a run is resumed; any other difference would make
 # the continuation a different experiment, so it is refused.
 RESUMABLE_CHANGES = {
-    "max_steps", "max_epochs", "max_minutes", "valid_every", "save_every", "log_every",
-    "patience", "keep_last", "threads", "bleu_samples", "compile", "out_dir",
-    "device", "dtype", "deterministic",  # how to compute, not what: a run may change machines
+    "max_steps",
+    "max_epochs",
+    "max_minutes",
+    "valid_every",
+    "save_every",
+    "log_every",
+    "patience",
+    "keep_last",
+    "threads",
+    "bleu_samples",
+    "compile",
+    "out_dir",
+    "device",
+    "dtype",
+    "deterministic",  # how to compute, not what: a run may change machines
 }
 
 

@@ -226,8 +226,10 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         print(f"{result[key]['text']}\n  signature: {result[key]['signature']}")
     print(f"exact match = {result['exact_match']:.2f}% of {result['sentences']} sentences")
     for b in result["by_source_length"]:  # where short outputs (ratio < 1) cost BLEU
-        print(f"  source {b['source_words']:>6} words: {b['sentences']:5d} sentences, "
-              f"BLEU {b['bleu']:5.2f}, length ratio {b['length_ratio']:.3f}")
+        print(
+            f"  source {b['source_words']:>6} words: {b['sentences']:5d} sentences, "
+            f"BLEU {b['bleu']:5.2f}, length ratio {b['length_ratio']:.3f}"
+        )
     return 0
 
 
@@ -481,7 +483,11 @@ def _run_quickstart(args: argparse.Namespace) -> int:
         raise ConfigError("--minutes must be > 0, --n-train >= 100 and --n-test >= 1")
     logging.basicConfig(level=logging.INFO, format="aiayn: %(message)s")
     summary = run_quickstart(
-        args.out, minutes=args.minutes, n_train=args.n_train, n_test=args.n_test, seed=args.seed,
+        args.out,
+        minutes=args.minutes,
+        n_train=args.n_train,
+        n_test=args.n_test,
+        seed=args.seed,
         device=args.device,
     )
     print(summary_json(summary) if args.json else format_summary(summary))

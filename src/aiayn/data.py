@@ -239,7 +239,11 @@ def example_size(ex: Example) -> int:
 
 
 def batch_plan(
-    examples: Sequence[Example], max_tokens: int, *, seed: int = 0, epoch: int = 0,
+    examples: Sequence[Example],
+    max_tokens: int,
+    *,
+    seed: int = 0,
+    epoch: int = 0,
     shuffle: bool = True,
 ) -> list[list[int]]:
     """Group example indices into batches whose padded size B * max_len is <= `max_tokens`.
@@ -369,7 +373,9 @@ class StepLoader:
             if self.d.main:
                 log.info(
                     "epoch %d: %d batches, padding efficiency %.1f%%",
-                    epoch + 1, len(plan), 100 * padding_efficiency(self.data, plan),
+                    epoch + 1,
+                    len(plan),
+                    100 * padding_efficiency(self.data, plan),
                 )
             self._plan = (epoch, plan)
         return self._plan[1]

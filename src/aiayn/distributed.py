@@ -1,8 +1,8 @@
 """The processes of one training run: the torchrun process group and stopping on a signal.
 
-    Dist / init_distributed   rank, world size and device (gloo on CPU ranks, NCCL on GPUs)
-    all_sum                   a sum over ranks, on the rank's device (one host sync per call)
-    stop_on_signals           Ctrl-C / SIGTERM become a flag the loop checks after each step
+Dist / init_distributed   rank, world size and device (gloo on CPU ranks, NCCL on GPUs)
+all_sum                   a sum over ranks, on the rank's device (one host sync per call)
+stop_on_signals           Ctrl-C / SIGTERM become a flag the loop checks after each step
 """
 
 from __future__ import annotations

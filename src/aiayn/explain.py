@@ -189,6 +189,12 @@ class Explanation:
         except KeyError:
             raise KeyError(f"no traced tensor {name!r}; see Explanation.names()") from None
 
+    def layers_and_heads(self) -> tuple[int, int]:
+        """(layers, heads) of the explained model."""
+        n_layers, n_heads = self.config["n_layers"], self.config["n_heads"]
+        assert isinstance(n_layers, int) and isinstance(n_heads, int)
+        return n_layers, n_heads
+
     def names(self) -> list[str]:
         return list(self.entries)
 

@@ -33,7 +33,7 @@ class View:
 
     def check(self, trace: Explanation) -> None:
         """Raise a clear error for a layer or head the model does not have."""
-        n_layers, n_heads = int(trace.config["n_layers"]), int(trace.config["n_heads"])
+        n_layers, n_heads = trace.layers_and_heads()
         for what, chosen, valid in (
             ("layer", self.layers, range(n_layers)),
             ("head", self.heads, range(1, n_heads + 1)),
@@ -102,7 +102,7 @@ def _layer(stack: str, layer: int, n_heads: int) -> list[str]:
 
 def sections(trace: Explanation, view: View) -> Iterator[tuple[str, list[Entry], int | None]]:
     """(title, entries, step) in computation order; step is set for decoding-step sections."""
-    L, H = int(trace.config["n_layers"]), int(trace.config["n_heads"])
+    L, H = trace.layers_and_heads()
     embed = ("tokens", "positions", "sum")
 
     def pick(names: list[str]) -> list[Entry]:

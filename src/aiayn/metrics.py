@@ -61,7 +61,9 @@ def chrf(hyps: Sequence[str], refs: Sequence[str]) -> Score:
 
 
 def bleu_by_source_length(
-    srcs: Sequence[str], hyps: Sequence[str], refs: Sequence[str],
+    srcs: Sequence[str],
+    hyps: Sequence[str],
+    refs: Sequence[str],
     edges: Sequence[int] = (10, 20, 30),
 ) -> list[dict[str, object]]:
     """Corpus BLEU and length ratio per bucket of source length in words (1-10, 11-20, 21-30,

@@ -265,6 +265,7 @@ class AttentionMaps:
         return cls(maps("encoder", "self_attn"), maps("decoder", "self_attn"),
                    maps("decoder", "cross_attn"))  # fmt: skip
 
+
 # --- the model ------------------------------------------------------------------------------------
 
 
@@ -320,11 +321,7 @@ class _ModelBase(nn.Module):
         # a GPU it would stop the host until the GPU catches up. Ids reach a GPU from the CPU
         # (tokenizer, batches), where they are checked; the embedding's own bound check stays.
         cheap = ids.device.type == "cpu" and not torch.compiler.is_compiling()
-        if (
-            cheap
-            and ids.numel()
-            and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size)
-        ):
+        if cheap and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
             raise ValueError(
                 f"{what} holds ids in [{int(ids.min())}, {int(ids.max())}], outside the "
                 f"vocabulary [0, {self.cfg.vocab_size})"

@@ -146,7 +146,11 @@ def validate(
 
 
 def validation_bleu(
-    model: Transformer, tok: Tokenizer, data: list[Example], refs: list[str], n: int,
+    model: Transformer,
+    tok: Tokenizer,
+    data: list[Example],
+    refs: list[str],
+    n: int,
     precision: Precision,
 ) -> Score:
     """Corpus BLEU (sacreBLEU, detokenized) of greedy translations of the first `n` pairs."""
@@ -166,8 +170,16 @@ def validation_bleu(
 
 
 def train_step(
-    net: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[Batch], *, tokens: int,
-    lr: float, pad_id: int, tc: TrainConfig, d: Dist, precision: Precision,
+    net: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: list[Batch],
+    *,
+    tokens: int,
+    lr: float,
+    pad_id: int,
+    tc: TrainConfig,
+    d: Dist,
+    precision: Precision,
 ) -> Tensor:
     """Forward/backward over this rank's micro-batches (already on the device), then one Adam
     step.
@@ -201,8 +213,9 @@ def train_step(
 # --- the tokenizer of a run -------------------------------------------------------------------
 
 
-def prepare_tokenizer(cfg: Config, out: Path, resume: Path | None, given: Tokenizer | None,
-               d: Dist) -> Tokenizer:
+def prepare_tokenizer(
+    cfg: Config, out: Path, resume: Path | None, given: Tokenizer | None, d: Dist
+) -> Tokenizer:
     """The run's tokenizer: reloaded on resume, else given or trained on the training text."""
     if resume is not None:
         return Tokenizer.load(out)
@@ -213,8 +226,9 @@ def prepare_tokenizer(cfg: Config, out: Path, resume: Path | None, given: Tokeni
             if not tc.src:
                 raise ConfigError("train.src is empty: give a training corpus (two files or a TSV)")
             texts = (side for pair in read_parallel(tc.src, tc.tgt or None) for side in pair)
-            log.info("training a %d-piece %s tokenizer on %s", tc.vocab_size, tc.spm_model_type,
-                     tc.src)
+            log.info(
+                "training a %d-piece %s tokenizer on %s", tc.vocab_size, tc.spm_model_type, tc.src
+            )
             tok = Tokenizer.train(texts, tc.vocab_size, tc.spm_model_type)
         out.mkdir(parents=True, exist_ok=True)
         tok.save(out)
@@ -238,9 +252,18 @@ class TrainResult:
 class _Run:
     """The mutable parts of one training run, so the loop reads top to bottom."""
 
-    def __init__(self, cfg: Config, tok: Tokenizer, data: RunData, model: Transformer,
-                 opt: torch.optim.Optimizer, state: TrainState, d: Dist, out: Path,
-                 precision: Precision) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        tok: Tokenizer,
+        data: RunData,
+        model: Transformer,
+        opt: torch.optim.Optimizer,
+        state: TrainState,
+        d: Dist,
+        out: Path,
+        precision: Precision,
+    ) -> None:
         self.cfg, self.tc, self.tok, self.data = cfg, cfg.train, tok, data
         self.model, self.opt, self.state, self.d, self.out = model, opt, state, d, out
         self.precision = precision
@@ -256,17 +279,25 @@ class _Run:
 
     def metric(self, record: dict[str, Any]) -> None:
         if self.d.main:
-            record = {"step": self.state.step, "epoch": self.state.epoch,
-                      "tokens": self.state.tokens, **record,
-                      "elapsed_s": round(self.elapsed(), 3)}
+            record = {
+                "step": self.state.step,
+                "epoch": self.state.epoch,
+                "tokens": self.state.tokens,
+                **record,
+                "elapsed_s": round(self.elapsed(), 3),
+            }
             with (self.out / METRICS_FILE).open("a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
 
     def log_train(self, lr: float) -> dict[str, float]:
         loss_sum, nll_sum, n = all_sum(self.window, self.d)
         now = time.monotonic()
-        rec = {"loss": loss_sum / n, "ppl": math.exp(min(nll_sum / n, 50.0)), "lr": lr,
-               "tokens_per_s": n / max(now - self.window_t, 1e-9)}
+        rec = {
+            "loss": loss_sum / n,
+            "ppl": math.exp(min(nll_sum / n, 50.0)),
+            "lr": lr,
+            "tokens_per_s": n / max(now - self.window_t, 1e-9),
+        }
         self.last_loss = rec["loss"]
         self.metric(rec)
         self.window, self.window_t = self._zeros(), now
@@ -287,8 +318,18 @@ class _Run:
         tc, st = self.tc, self.state
         rec = validate(self.model, self.data.valid, tc, self.d, self.precision)
         if tc.bleu_samples > 0:  # rank 0 decodes; the sum hands its figures to every rank
-            bleu = validation_bleu(self.model, self.tok, self.data.valid, self.data.valid_refs,
-                                   tc.bleu_samples, self.precision) if self.d.main else None
+            bleu = (
+                validation_bleu(
+                    self.model,
+                    self.tok,
+                    self.data.valid,
+                    self.data.valid_refs,
+                    tc.bleu_samples,
+                    self.precision,
+                )
+                if self.d.main
+                else None
+            )
             got = [bleu.score, bleu.length_ratio or 0.0, bleu.brevity_penalty or 0.0] if bleu \
                 else [0.0, 0.0, 0.0]  # fmt: skip
             rec["valid_bleu"], rec["valid_length_ratio"], rec["valid_bp"] = all_sum(got, self.d)
@@ -310,8 +351,9 @@ class _Run:
     def save(self) -> None:
         self.state.elapsed_s = self.elapsed()
         if self.d.main:
-            ckpt_io.save_checkpoint(self.out, self.model, self.opt, self.state.to_json(),
-                                    rng_tensors(self.d.device))
+            ckpt_io.save_checkpoint(
+                self.out, self.model, self.opt, self.state.to_json(), rng_tensors(self.d.device)
+            )
             ckpt_io.prune_checkpoints(self.out, self.tc.keep_last)
             if not self.data.valid:  # no validation set: the run's model is the latest one
                 ckpt_io.save_model_dir(self.model, self.out)
@@ -319,8 +361,10 @@ class _Run:
 
     def should_stop(self, flag: dict[str, int]) -> str | None:
         tc, st = self.tc, self.state
-        local = [float(flag["signal"] != 0),
-                 float(tc.max_minutes > 0 and self.elapsed() > 60 * tc.max_minutes)]
+        local = [
+            float(flag["signal"] != 0),
+            float(tc.max_minutes > 0 and self.elapsed() > 60 * tc.max_minutes),
+        ]
         sig, late = all_sum(local, self.d)  # every rank must stop at the same step
         if sig:
             return "signal"
@@ -408,18 +452,27 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.M
         log.info("device %s, precision: %s", d.device, precision.why)
     # On the device before the optimizer exists: restored Adam moments follow the parameters.
     model = Transformer(cfg.model).to(d.device)
-    opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=tc.adam_betas, eps=tc.adam_eps,
-                           weight_decay=tc.weight_decay)
+    opt = torch.optim.Adam(
+        model.parameters(),
+        lr=0.0,
+        betas=tc.adam_betas,
+        eps=tc.adam_eps,
+        weight_decay=tc.weight_decay,
+    )
     state = restore_checkpoint(resume, model, opt, d) if resume is not None else TrainState()
     if d.main:  # `runtime` records how this session computes; resume checks only model/train
-        run_config = {**to_dict(cfg), "data_sha256": fingerprint,
-                      "runtime": {**precision.to_json(), "world_size": d.world}}
+        run_config = {
+            **to_dict(cfg),
+            "data_sha256": fingerprint,
+            "runtime": {**precision.to_json(), "world_size": d.world},
+        }
         ckpt_io.atomic_write_json(out / RUN_CONFIG_FILE, run_config)
     model.train()
     net: torch.nn.Module = model
     if d.world > 1:  # the positional tables are constant buffers: nothing to broadcast per step
         net = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[d.device.index] if d.device.type == "cuda" else None,
+            model,
+            device_ids=[d.device.index] if d.device.type == "cuda" else None,
             broadcast_buffers=False,
         )
     if tc.compile:
@@ -434,8 +487,13 @@ def _loop(run: _Run, net: torch.nn.Module, progress: bool) -> str:
 
     tc, d, state = run.tc, run.d, run.state
     loader = StepLoader(run.data.train, tc, d)
-    bar = tqdm(total=_bar_total(tc, loader, state.epoch), initial=state.step, unit="step",
-               disable=not (progress and d.main), dynamic_ncols=True)
+    bar = tqdm(
+        total=_bar_total(tc, loader, state.epoch),
+        initial=state.step,
+        unit="step",
+        disable=not (progress and d.main),
+        dynamic_ncols=True,
+    )
     with stop_on_signals() as flag, bar, logging_redirect_tqdm():
         while (stopped := run.should_stop(flag)) is None:
             lr = learning_rate(state.step + 1, tc, run.cfg.model.d_model)
@@ -457,8 +515,9 @@ def _loop(run: _Run, net: torch.nn.Module, progress: bool) -> str:
             if tc.log_every > 0 and state.step % tc.log_every == 0:
                 _show(run, bar, lr)
             t_aside = time.monotonic()  # validation and saving do not count in tokens/s
-            due = (state.step % tc.valid_every == 0 if tc.valid_every > 0
-                   else state.epoch != epoch)  # valid_every = 0: at the end of each epoch
+            due = (
+                state.step % tc.valid_every == 0 if tc.valid_every > 0 else state.epoch != epoch
+            )  # valid_every = 0: at the end of each epoch
             if run.data.valid and due and run.validate():
                 stopped = "early_stopping"
             if tc.save_every > 0 and state.step % tc.save_every == 0:
@@ -473,12 +532,25 @@ def _show(run: _Run, bar: Any, lr: float) -> None:
     """Log the window's loss and speed: on the progress bar, or as a log line without one."""
     rec, state = run.log_train(lr), run.state
     if bar.disable and run.d.main:  # no bar (no tty, --no-progress): say it in the log
-        log.info("step %d epoch %d: loss %.3f ppl %.1f lr %.2e %.0f tok/s", state.step,
-                 state.epoch + 1, rec["loss"], rec["ppl"], lr, rec["tokens_per_s"])
+        log.info(
+            "step %d epoch %d: loss %.3f ppl %.1f lr %.2e %.0f tok/s",
+            state.step,
+            state.epoch + 1,
+            rec["loss"],
+            rec["ppl"],
+            lr,
+            rec["tokens_per_s"],
+        )
     left = {"left": f"{run.tc.max_minutes - run.elapsed() / 60:.1f}min"} \
         if run.tc.max_minutes else {}  # fmt: skip
-    bar.set_postfix(loss=f"{rec['loss']:.3f}", ppl=f"{rec['ppl']:.1f}", lr=f"{lr:.2e}",
-                    tok_s=f"{rec['tokens_per_s']:.0f}", ep=state.epoch + 1, **left)
+    bar.set_postfix(
+        loss=f"{rec['loss']:.3f}",
+        ppl=f"{rec['ppl']:.1f}",
+        lr=f"{lr:.2e}",
+        tok_s=f"{rec['tokens_per_s']:.0f}",
+        ep=state.epoch + 1,
+        **left,
+    )
 
 
 def _finish(run: _Run, stopped: str) -> None:

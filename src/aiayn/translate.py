@@ -204,7 +204,7 @@ class Translator:
         *,
         batch_tokens: int = 2048,
         buffer_size: int = 1024,
-        progress: Callable[[int], None] | None = None,
+        progress: Callable[[int], object] | None = None,
     ) -> Iterator[list[Translation]]:
         """Translate a (possibly endless) stream, `buffer_size` lines at a time, in order.
 
@@ -268,8 +268,9 @@ def translate_to(
     """
     bar = None
     if input_path is not None:
-        lines: Sequence[str] | Iterator[str] = read_file_lines(input_path)  # checked up front
-        bar = tqdm(total=len(lines), unit="line", file=sys.stderr, desc="translate")
+        all_lines = read_file_lines(input_path)  # checked up front
+        lines: Sequence[str] | Iterator[str] = all_lines
+        bar = tqdm(total=len(all_lines), unit="line", file=sys.stderr, desc="translate")
     else:
         lines = read_lines(sys.stdin.buffer, "<stdin>")  # streamed: checked as it comes
     stream = translator.translate_stream(

@@ -258,8 +258,11 @@ CURVES = [  # panel title, [(key, label)], log scale
     ("learning rate", [("lr", "lr")], False),
     ("BLEU", [("valid_bleu", "valid BLEU")], False),
     # hypothesis / reference length and BLEU's brevity penalty: below 1 = translations too short
-    ("length", [("valid_length_ratio", "hyp / ref length"), ("valid_bp", "brevity penalty")],
-     False),
+    (
+        "length",
+        [("valid_length_ratio", "hyp / ref length"), ("valid_bp", "brevity penalty")],
+        False,
+    ),
 ]
 
 
