@@ -417,3 +417,95 @@ def test_the_last_weights_are_validated_and_a_model_is_always_saved(corpus, tok,
     over = {"train.max_steps": 3, "train.valid_every": 1000, "train.save_every": 1000}
     train(tiny(corpus, early, **over), tokenizer=tok, progress=False)
     assert load_model_dir(early).cfg.vocab_size == tok.vocab_size
+
+
+# --- a recipe that fits the budget (lr_schedule = "cosine_budget", average_last) --------------
+
+
+def test_fit_total_steps_is_the_step_where_the_budget_runs_out():
+    from aiayn.train import BUDGET_MARGIN, fit_total_steps
+
+    # 100 steps done in 60 s of a 600 s budget at 2 steps/s: 540 s left -> 1080 more steps
+    assert fit_total_steps(100, 2.0, 60.0, 600.0, 10**6) == 100 + int(BUDGET_MARGIN * 1080)
+    assert fit_total_steps(100, 2.0, 60.0, 600.0, 500) == 500  # max_steps caps it
+    assert fit_total_steps(100, 2.0, 700.0, 600.0, 10**6) == 100  # over budget: stop now
+
+
+def test_average_steps_are_evenly_spaced_over_the_last_fifth():
+    from aiayn.train import average_steps
+
+    assert average_steps(200, 5) == [168, 176, 184, 192, 200]
+    assert average_steps(1000, 4) == [850, 900, 950, 1000]
+    assert average_steps(3, 5) == [1, 2, 3]  # a tiny schedule: one step apart, never below 1
+
+
+def test_budget_schedule_reaches_zero_at_the_total_and_survives_a_resume(corpus, tok, tmp_path):
+    """Without a time budget the total is max_steps, fixed once: a resume with a larger
+    max_steps keeps it, ends there at a rate of ~0 and averages the planned checkpoints."""
+    out = tmp_path / "run"
+    over = {"train.lr_schedule": "cosine_budget", "train.lr": 1e-3, "train.warmup_steps": 10,
+            "train.average_last": 3, "train.valid_every": 1000, "train.save_every": 20}
+    first = train(tiny(corpus, out, **over, **{"train.max_steps": 60, "train.max_epochs": 1}),
+                  tokenizer=tok, progress=False)  # fmt: skip
+    assert first.stopped == "max_epochs" and first.step < 48  # before the averaging span
+    saved = json.loads((list_checkpoints(out)[-1] / "train_state.json").read_text())
+    assert saved["total_steps"] == 60
+    assert not (out / "averaged").exists()  # logged: stopped before the schedule's end
+    second = train(tiny(corpus, out, **over, **{"train.max_steps": 500}), progress=False)
+    assert second.stopped == "total_steps" and second.step == 60
+    steps = [int(c.name[5:]) for c in list_checkpoints(out)]
+    assert steps[-3:] == [52, 56, 60]  # average_steps(60, 3): the last 20% of the schedule
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r for r in records if "lr" in r][-1]["lr"] == pytest.approx(0.0, abs=1e-12)
+    tc = tiny(corpus, out, **over).train
+    assert learning_rate(60, tc, 32, total_steps=60) == pytest.approx(0.0, abs=1e-12)
+    assert learning_rate(35, tc, 32, total_steps=60) == pytest.approx(5e-4)
+    averaged = load_model_dir(out / "averaged")  # a model directory, with its tokenizer
+    assert Tokenizer.load(out / "averaged").vocab_size == averaged.cfg.vocab_size
+    ckpts = [load_tensors(out / "checkpoints" / f"step_{s:08d}" / "model.safetensors")
+             for s in (52, 56, 60)]  # fmt: skip
+    for name, t in averaged.state_dict().items():
+        if name in ckpts[0]:
+            mean = sum(c[name].double() for c in ckpts) / 3
+            torch.testing.assert_close(t.double(), mean, rtol=1e-6, atol=1e-6)
+
+
+def test_budget_schedule_is_fitted_to_max_minutes(corpus, tok, tmp_path):
+    out = tmp_path / "run"
+    over = {"train.lr_schedule": "cosine_budget", "train.lr": 1e-3, "train.warmup_steps": 5,
+            "train.max_minutes": 0.05, "train.max_steps": 10**6, "train.valid_every": 10,
+            "train.average_last": 2}  # fmt: skip
+    result = train(tiny(corpus, out, **over), tokenizer=tok, progress=False)
+    total = json.loads((list_checkpoints(out)[-1] / "train_state.json").read_text())["total_steps"]
+    assert 15 <= total < 10**6  # measured over steps 5-15 (valid_every), then fitted to 3 s
+    assert result.stopped in ("total_steps", "max_minutes")  # a busy machine may overrun
+    if result.stopped == "total_steps":
+        assert result.step == total and (out / "averaged" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        ({"train.average_last": 5, "train.keep_last": 3}, "exceeds train.keep_last=3"),
+        ({"train.average_last": 3, "train.lr_schedule": "cosine"}, "needs train.lr_schedule"),
+        ({"train.average_last": 1}, "average at least 2"),
+    ],
+)
+def test_bad_averaging_recipes_are_one_line_config_errors(corpus, tmp_path, over, message):
+    from aiayn.errors import ConfigError
+
+    over = {"train.lr_schedule": "cosine_budget", **over}
+    with pytest.raises(ConfigError, match=message) as e:
+        train(tiny(corpus, tmp_path / "run", **over), progress=False)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_own_data_config_is_a_valid_budget_recipe():
+    from aiayn.train import check_recipe
+
+    cfg = load_config(CONFIGS / "own_data.toml")
+    tc = cfg.train
+    assert tc.lr_schedule == "cosine_budget" and tc.max_minutes == 60 and tc.average_last == 5
+    assert tc.bleu_samples > 0 and tc.label_smoothing == 0.1 and tc.dtype == tc.device == "auto"
+    check_recipe(tc)

@@ -319,3 +319,37 @@ def test_cli_output_files_get_the_umask_or_keep_their_mode(model_dir: Path, tmp_
     assert stat.S_IMODE(hyps.stat().st_mode) == 0o644
     assert stat.S_IMODE(kept.stat().st_mode) == 0o640
     assert kept.read_text(encoding="utf-8") == fresh.read_text(encoding="utf-8") != "old\n"
+
+
+def test_cli_evaluate_alphas_scores_each_and_names_the_best(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    lines = corpus(6, seed=4)
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    base = ["evaluate", "--model", str(model_dir), "--src", str(src), "--ref", str(ref),
+            "--beam", "3", "--max-len-b", "5"]  # fmt: skip
+    assert main([*base, "--alphas", "0.6,1.0,1.4", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [r["alpha"] for r in rows] == [0.6, 1.0, 1.4]
+    assert [r["best"] for r in rows].count(True) == 1
+    best = next(r for r in rows if r["best"])
+    assert best["bleu"] == max(r["bleu"] for r in rows)
+    for r in rows:  # each row is the plain evaluate of that alpha
+        assert main([*base, "--alpha", str(r["alpha"]), "--json"]) == 0
+        one = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert r["bleu"] == one["bleu"]["score"] and r["length_ratio"] == one["length_ratio"]
+        assert r["brevity_penalty"] == one["brevity_penalty"]
+    assert main([*base, "--alphas", "0.6,1.0"]) == 0
+    text = capsys.readouterr().out
+    assert "length ratio" in text and "<- best" in text and "--set decode.alpha=" in text
+    for argv, message in [
+        ([*base, "--alphas", "0.6,x"], "expected numbers"),
+        ([*base, "--alphas", "-1"], ">= 0"),
+        ([*base, "--alphas", "0.6", "--alpha", "1"], "leave out --alpha"),
+        ([*base, "--alphas", "0.6", "--beam", "1"], "needs beam search"),
+    ]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, (argv, err)

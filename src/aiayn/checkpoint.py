@@ -451,6 +451,9 @@ class TrainState:
     bad_validations: int = 0  # validations in a row without improvement (early stopping)
     tokens: int = 0  # target tokens trained on
     elapsed_s: float = 0.0
+    # lr_schedule = "cosine_budget": the step the schedule ends at, fixed once (0 = not yet),
+    # so that a resume follows the same schedule
+    total_steps: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "python_random": _jsonable(random.getstate())}
@@ -491,6 +494,7 @@ def restore_rng(tensors: dict[str, Tensor], device: torch.device) -> None:
 
 # --- the run directory ----------------------------------------------------------------------------
 
+AVERAGED_DIR = "averaged"  # the averaged model a cosine_budget run writes at its end
 _OWN_FILES = {TOKENIZER_FILE, RUN_CONFIG_FILE, METRICS_FILE, CHECKPOINTS_DIR}
 
 

@@ -202,12 +202,56 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ref", type=Path, required=True, help="reference translations")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--hyps", type=Path, help="also write the translations to this file")
+    p.add_argument(
+        "--alphas",
+        help="choose the length penalty: score each α of a comma list ('0.6,1.0,1.4') with "
+        "beam search and name the best (docs/decoding.md)",
+    )
+
+
+def _parse_alphas(text: str) -> list[float]:
+    try:
+        alphas = [float(a) for a in text.split(",") if a.strip()]
+    except ValueError:
+        raise AiaynError(f"--alphas {text!r}: expected numbers separated by commas") from None
+    if not alphas or any(not a >= 0 for a in alphas):
+        raise AiaynError(f"--alphas {text!r}: expected one or more numbers >= 0")
+    return alphas
+
+
+def _run_alpha_sweep(args: argparse.Namespace) -> int:
+    """`evaluate --alphas`: a table (or JSON list) of BLEU per α, and the best one."""
+    from aiayn.translate import sweep_alpha
+
+    alphas = _parse_alphas(args.alphas)  # checked before the model loads
+    if args.alpha is not None or args.hyps is not None:
+        raise AiaynError("--alphas chooses alpha itself: leave out --alpha and --hyps")
+    translator, cfg = _decode_setup(args)
+    rows = sweep_alpha(translator, cfg, args.src, args.ref, alphas, batch_tokens=args.batch_tokens)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'alpha':>6} {'BLEU':>6} {'length ratio':>12} {'BP':>5}   (beam {cfg.beam_size})")
+    for r in rows:
+        mark = "  <- best" if r["best"] else ""
+        print(
+            f"{r['alpha']:6.2f} {r['bleu']:6.2f} {r['length_ratio']:12.3f} "
+            f"{r['brevity_penalty']:5.3f}{mark}"
+        )
+    best = next(r["alpha"] for r in rows if r["best"])
+    print(
+        f"best alpha = {best:g}: pass --alpha {best:g} to translate, or train with "
+        f"--set decode.alpha={best:g} to save it in the model"
+    )
+    return 0
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
     from aiayn.atomic import atomic_write_text, same_file
     from aiayn.translate import evaluate_files
 
+    if args.alphas is not None:
+        return _run_alpha_sweep(args)
     if args.hyps is not None:  # checked before the model loads
         for flag, path in (("--src", args.src), ("--ref", args.ref)):
             if same_file(path, args.hyps):

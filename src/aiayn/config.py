@@ -121,7 +121,8 @@ class TrainConfig:
     max_tokens: int = 4096  # token budget per batch (source or target, whichever is longer)
     max_len: int = 256  # pairs with more tokens than this on either side are filtered (counted)
     label_smoothing: float = 0.1  # ε_ls (§5.4)
-    lr_schedule: Literal["noam", "inverse_sqrt", "cosine", "constant"] = "noam"
+    # cosine_budget = cosine to 0 at a total fitted to max_minutes (or max_steps): training.md
+    lr_schedule: Literal["noam", "inverse_sqrt", "cosine", "cosine_budget", "constant"] = "noam"
     lr: float = 1.0  # a multiplier on noam; the peak rate for the other schedules
     warmup_steps: int = 4000
     adam_betas: tuple[float, float] = (0.9, 0.98)
@@ -135,6 +136,9 @@ class TrainConfig:
     valid_every: int = 1000
     save_every: int = 1000
     keep_last: int = 5  # checkpoints kept for averaging (the paper averages the last 5 / 20)
+    # cosine_budget only: save this many evenly spaced checkpoints over the last 20% of the
+    # schedule and write their average to OUT_DIR/averaged at the end; 0 = off
+    average_last: int = 0
     patience: int = 0  # validations without improvement before stopping; 0 = never
     best_metric: Literal["loss", "bleu"] = "loss"
     bleu_samples: int = 200  # validation sentences decoded greedily for BLEU; 0 = skip

@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from torch import Tensor
 from aiayn import checkpoint as ckpt_io
 from aiayn import metrics
 from aiayn.checkpoint import (
+    AVERAGED_DIR,
     METRICS_FILE,
     TrainState,
     check_resumable,
@@ -107,15 +109,59 @@ def cosine_lr(step: int, warmup: int, total: int, peak: float, floor: float = 0.
     return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
 
 
-def learning_rate(step: int, tc: TrainConfig, d_model: int) -> float:
-    """The rate for optimizer step `step` under `tc.lr_schedule`."""
+def learning_rate(step: int, tc: TrainConfig, d_model: int, total_steps: int = 0) -> float:
+    """The rate for optimizer step `step` under `tc.lr_schedule`.
+
+    `total_steps` is cosine_budget's fitted end (TrainState.total_steps); while it is still
+    0 (being measured, just after warmup) the rate stays at the peak, where the cosine is flat.
+    """
     if tc.lr_schedule == "noam":
         return noam_lr(step, d_model, tc.warmup_steps, tc.lr)
     if tc.lr_schedule == "inverse_sqrt":
         return inverse_sqrt_lr(step, tc.warmup_steps, tc.lr)
     if tc.lr_schedule == "cosine":
         return cosine_lr(step, tc.warmup_steps, tc.max_steps, tc.lr)
+    if tc.lr_schedule == "cosine_budget":
+        return cosine_lr(step, tc.warmup_steps, total_steps or 2**62, tc.lr)
     return tc.lr
+
+
+# --- fitting the schedule to a budget (lr_schedule = "cosine_budget") -------------------------
+
+# Of the time left when the speed is measured, the share planned for: validations and saves
+# that fell outside the measuring window, and a slower machine later on, fit in the rest.
+BUDGET_MARGIN = 0.95
+FIT_MIN_STEPS = 20  # the shortest measuring window, in steps
+AVERAGE_SPAN = 0.2  # averaged checkpoints are spread over the last 20% of the schedule
+
+
+def fit_total_steps(
+    step: int, steps_per_s: float, elapsed_s: float, budget_s: float, max_steps: int
+) -> int:
+    """The step at which a run going at `steps_per_s` uses up its budget (with a margin).
+
+    Args:
+        step: optimizer steps done so far.
+        steps_per_s: measured speed, validation and saving included.
+        elapsed_s: wall-clock seconds used so far (of every session of the run).
+        budget_s: the whole budget (train.max_minutes * 60).
+        max_steps: a cap (train.max_steps).
+    Returns:
+        step + margin * (budget_s - elapsed_s) * steps_per_s, within [step, max_steps].
+    """
+    left_s = max(budget_s - elapsed_s, 0.0)
+    total = step + int(BUDGET_MARGIN * left_s * steps_per_s)
+    return max(step, min(total, max_steps))
+
+
+def average_steps(total_steps: int, n: int) -> list[int]:
+    """The `n` evenly spaced steps, ending at `total_steps`, whose checkpoints are averaged.
+
+    They span the last AVERAGE_SPAN of the schedule, where the rate is low and the weights
+    move little, so their mean is a smoother model (§6.1 averages the last 5 checkpoints).
+    """
+    gap = max(1, int(AVERAGE_SPAN * total_steps) // max(n, 1))
+    return [s for s in (total_steps - i * gap for i in reversed(range(n))) if s >= 1]
 
 
 # --- validation -----------------------------------------------------------------------------------
@@ -244,7 +290,7 @@ def prepare_tokenizer(
 class TrainResult:
     out_dir: Path
     step: int
-    stopped: str  # max_steps | max_epochs | max_minutes | early_stopping | signal
+    stopped: str  # max_steps | max_epochs | max_minutes | total_steps | early_stopping | signal
     train_loss: float  # mean smoothed loss per target token over the last log window
     best: float | None
 
@@ -273,6 +319,7 @@ class _Run:
         self.last_loss = float("nan")
         self.last_saved = state.step
         self.last_validated = state.step
+        self.fit_mark: tuple[int, float] | None = None  # (step, elapsed) where speed is measured
 
     def elapsed(self) -> float:
         return self.elapsed0 + time.monotonic() - self.t_start
@@ -359,6 +406,20 @@ class _Run:
                 ckpt_io.save_model_dir(self.model, self.out)
         self.last_saved = self.state.step
 
+    def planned_averages(self) -> list[int]:
+        """The steps whose checkpoints are averaged at the end; [] before the total is fixed."""
+        if self.tc.average_last < 1 or self.state.total_steps < 1:
+            return []
+        return average_steps(self.state.total_steps, self.tc.average_last)
+
+    def save_due(self) -> bool:
+        """A checkpoint every `save_every` steps, but only the averaged ones once their span
+        starts, so that keep_last (>= average_last) keeps every one of them."""
+        step, planned = self.state.step, self.planned_averages()
+        if planned and step >= planned[0]:
+            return step in planned
+        return self.tc.save_every > 0 and step % self.tc.save_every == 0
+
     def should_stop(self, flag: dict[str, int]) -> str | None:
         tc, st = self.tc, self.state
         local = [
@@ -370,6 +431,8 @@ class _Run:
             return "signal"
         if late:
             return "max_minutes"
+        if st.total_steps and st.step >= st.total_steps:  # cosine_budget's rate reached 0
+            return "total_steps"
         if st.step >= tc.max_steps:
             return "max_steps"
         if tc.max_epochs and st.epoch >= tc.max_epochs:
@@ -423,16 +486,32 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
     return TrainResult(run.out, run.state.step, stopped, run.last_loss, run.state.best)
 
 
+def check_recipe(tc: TrainConfig) -> None:
+    """Refuse combinations of TrainConfig values that cannot work, before anything is written."""
+    if tc.accum_steps < 1 or tc.max_tokens < 1:
+        raise ConfigError("train.accum_steps and train.max_tokens must be at least 1")
+    if tc.best_metric == "bleu" and tc.bleu_samples < 1:
+        raise ConfigError("train.best_metric = 'bleu' needs train.bleu_samples >= 1")
+    if tc.average_last == 0:
+        return
+    if tc.lr_schedule != "cosine_budget":
+        raise ConfigError("train.average_last needs train.lr_schedule = 'cosine_budget'")
+    if tc.average_last < 2:
+        raise ConfigError(f"train.average_last={tc.average_last}: average at least 2 (0 = off)")
+    if tc.average_last > tc.keep_last:
+        raise ConfigError(
+            f"train.average_last={tc.average_last} exceeds train.keep_last={tc.keep_last}: "
+            "the averaged checkpoints must all be kept"
+        )
+
+
 def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.Module]:
     """Everything before the first step: checks, tokenizer, data, model, optimizer, resume.
 
     The device and every config value are checked before anything is written."""
     tc, d = cfg.train, init_distributed(cfg.train.device)
     precision = choose_precision(tc.dtype, d.device, "train.dtype")
-    if tc.accum_steps < 1 or tc.max_tokens < 1:
-        raise ConfigError("train.accum_steps and train.max_tokens must be at least 1")
-    if tc.best_metric == "bleu" and tc.bleu_samples < 1:
-        raise ConfigError("train.best_metric = 'bleu' needs train.bleu_samples >= 1")
+    check_recipe(tc)
     out = Path(tc.out_dir)
     resume = find_resume(out)
     tok = prepare_tokenizer(cfg, out, resume, tokenizer, d)
@@ -496,7 +575,10 @@ def _loop(run: _Run, net: torch.nn.Module, progress: bool) -> str:
     )
     with stop_on_signals() as flag, bar, logging_redirect_tqdm():
         while (stopped := run.should_stop(flag)) is None:
-            lr = learning_rate(state.step + 1, tc, run.cfg.model.d_model)
+            if tc.lr_schedule == "cosine_budget" and state.total_steps == 0 and _fit_budget(run):
+                bar.total = state.total_steps
+                bar.refresh()
+            lr = learning_rate(state.step + 1, tc, run.cfg.model.d_model, state.total_steps)
             epoch = state.epoch
             if d.world > 1:  # each rank its own dropout masks, a pure function of (rank, step),
                 # so a multi-rank resume is exact without gathering every rank's RNG state
@@ -520,12 +602,45 @@ def _loop(run: _Run, net: torch.nn.Module, progress: bool) -> str:
             )  # valid_every = 0: at the end of each epoch
             if run.data.valid and due and run.validate():
                 stopped = "early_stopping"
-            if tc.save_every > 0 and state.step % tc.save_every == 0:
+            if run.save_due():
                 run.save()
             run.window_t += time.monotonic() - t_aside
             if stopped:
                 break
     return stopped
+
+
+def _fit_budget(run: _Run) -> bool:
+    """Fix cosine_budget's end once (True when it was fixed now): max_steps without a time
+    budget, else the step where the speed measured after warmup uses up max_minutes.
+
+    The window runs from warmup's end (or a resumed session's first step: the first steps
+    are slow) for valid_every steps, so one validation's cost is in the speed, or until a
+    tenth of the budget has passed. Rank 0's figures decide for every rank.
+    """
+    tc, st, d = run.tc, run.state, run.d
+    if tc.max_minutes <= 0:
+        st.total_steps = tc.max_steps
+        return True
+    if st.step < tc.warmup_steps:
+        return False
+    if run.fit_mark is None:
+        run.fit_mark = (st.step, run.elapsed())
+        return False
+    steps, seconds = st.step - run.fit_mark[0], run.elapsed() - run.fit_mark[1]
+    budget_s = 60 * tc.max_minutes
+    due = steps >= max(FIT_MIN_STEPS, tc.valid_every) or seconds >= 0.1 * budget_s
+    mine = [float(due), steps / max(seconds, 1e-9), run.elapsed()] if d.main else [0.0] * 3
+    any_due, rate, elapsed = all_sum(mine, d)
+    if not any_due:
+        return False
+    st.total_steps = fit_total_steps(st.step, rate, elapsed, budget_s, tc.max_steps)
+    if d.main:
+        log.info(
+            "%.3g steps/s over steps %d-%d: the schedule ends at step %d (%.1f of %.1f minutes)",
+            rate, run.fit_mark[0], st.step, st.total_steps, elapsed / 60, tc.max_minutes,
+        )  # fmt: skip
+    return True
 
 
 def _show(run: _Run, bar: Any, lr: float) -> None:
@@ -553,6 +668,31 @@ def _show(run: _Run, bar: Any, lr: float) -> None:
     )
 
 
+def _write_average(run: _Run) -> None:
+    """Average the planned checkpoints that exist into OUT_DIR/averaged (a model directory).
+
+    Written beside it first and swapped in, so a rerun of a finished run replaces it whole.
+    """
+    planned = run.planned_averages()
+    dirs = [c for c in ckpt_io.list_checkpoints(run.out) if int(c.name[5:]) in planned]
+    if len(dirs) < 2:
+        log.warning(
+            "no averaged model: %d of the %d planned checkpoints exist (steps %s); the run "
+            "stopped before its schedule's end", len(dirs), run.tc.average_last, planned,
+        )  # fmt: skip
+        return
+    final, tmp = run.out / AVERAGED_DIR, run.out / f".tmp_{AVERAGED_DIR}"
+    trash = run.out / f".trash_{AVERAGED_DIR}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    ckpt_io.write_average(dirs, tmp)
+    if final.exists():
+        os.replace(final, trash)
+    os.replace(tmp, final)
+    shutil.rmtree(trash, ignore_errors=True)
+    steps = [int(c.name[5:]) for c in dirs]
+    log.info("averaged the checkpoints of steps %s into %s", steps, final)
+
+
 def _finish(run: _Run, stopped: str) -> None:
     """Validate and save the final weights (they compete for "best" too); wait for all ranks."""
     state, out, d = run.state, run.out, run.d
@@ -562,6 +702,8 @@ def _finish(run: _Run, stopped: str) -> None:
         run.save()
     if d.main and not (out / ckpt_io.WEIGHTS_FILE).exists():  # stopped before any validation
         ckpt_io.save_model_dir(run.model, out)
+    if d.main and run.tc.average_last and stopped != "signal":
+        _write_average(run)
     if d.main:
         log.info("stopped (%s) at step %d; run directory %s", stopped, state.step, out)
     if d.world > 1:

@@ -28,7 +28,7 @@ from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, from_dict
 from aiayn.data import pad_rows, read_lines
 from aiayn.decode import Hypothesis, check_decode_config, sample_seed, search
 from aiayn.device import Precision, choose_precision, resolve_device
-from aiayn.errors import CheckpointError, DataError
+from aiayn.errors import CheckpointError, ConfigError, DataError
 from aiayn.metrics import bleu, bleu_by_source_length, chrf, exact_match
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
@@ -325,3 +325,38 @@ def evaluate_files(
         "decode": dataclasses.asdict(cfg),
         "hypotheses": hyps,
     }
+
+
+def sweep_alpha(
+    translator: Translator,
+    cfg: DecodeConfig,
+    src_path: Path,
+    ref_path: Path,
+    alphas: list[float],
+    *,
+    batch_tokens: int = 2048,
+) -> list[dict[str, Any]]:
+    """Beam-search `src_path` once per length penalty α and score each against `ref_path`.
+
+    Returns one row per α, in the order given: alpha, BLEU, length ratio, brevity penalty, and
+    `best` (True on the first row with the highest BLEU). A larger α favours longer outputs, so
+    the length ratio shows why BLEU moves (§6.1 chose α = 0.6 on the development set).
+    """
+    if cfg.beam_size < 2 or cfg.sample:
+        raise ConfigError("choosing alpha needs beam search: give --beam 2 or more, not --sample")
+    rows = []
+    for alpha in alphas:
+        result = evaluate_files(
+            translator, dataclasses.replace(cfg, alpha=alpha), src_path, ref_path,
+            batch_tokens=batch_tokens,
+        )  # fmt: skip
+        rows.append({
+            "alpha": alpha,
+            "bleu": result["bleu"]["score"],
+            "length_ratio": result["length_ratio"],
+            "brevity_penalty": result["brevity_penalty"],
+        })  # fmt: skip
+    best = max(range(len(rows)), key=lambda i: rows[i]["bleu"])  # the first of equal scores
+    for i, row in enumerate(rows):
+        row["best"] = i == best
+    return rows
