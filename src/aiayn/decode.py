@@ -12,7 +12,7 @@ plus `model.cfg`: `max_len` (the positional table bounds the output length) and 
 ids `pad_id`, `bos_id` (the token the decoder starts from) and `eos_id`.
 
 Dimension key: B sentences, N beam, R = rows of the search batch (B * N for beam search),
-T output length, V vocabulary, S source length, K = 2N candidates per sentence.
+T output length, V vocabulary, S source length, C = 2N candidates per sentence (K is d_k).
 
 Conventions (shared by every search here):
 - A hypothesis's `tokens` exclude BOS and EOS; `eos` says whether it ended with EOS.
@@ -496,12 +496,12 @@ def beam_search(
 
 
 class _TopK(NamedTuple):
-    """A beam step's 2N best candidates per live sentence (b sentences, K = 2N)."""
+    """A beam step's 2N best candidates per live sentence (b sentences, C = 2N)."""
 
-    scores_bK: Tensor  # total log-probability
-    beam_bK: Tensor  # the beam (0..n-1) each extends
-    tok_bK: Tensor
-    is_eos_bK: Tensor
+    scores_bC: Tensor  # total log-probability
+    beam_bC: Tensor  # the beam (0..n-1) each extends
+    tok_bC: Tensor
+    is_eos_bC: Tensor
 
 
 def _beam_search(
@@ -528,20 +528,20 @@ def _beam_search(
         _forbid(lp_rV, special, t < cfg.min_len)
         V = lp_rV.size(-1)
         cand_bnV = scores_bn[:, :, None] + lp_rV.view(b, n, V)
-        top_bK, idx_bK = cand_bnV.view(b, n * V).topk(min(2 * N, n * V), dim=-1)  # K = 2N
-        tok_bK = idx_bK % V
-        top = _TopK(top_bK, idx_bK // V, tok_bK, tok_bK == special.eos_id)
+        top_bC, idx_bC = cand_bnV.view(b, n * V).topk(min(2 * N, n * V), dim=-1)  # C = 2N
+        tok_bC = idx_bC % V
+        top = _TopK(top_bC, idx_bC // V, tok_bC, tok_bC == special.eos_id)
         last = (t + 1 >= max_len_b).tolist()
         before = None if on_step is None else [len(ended[s]) for s in sents]
         done = _set_aside(ended, sents, t, cfg, last, tokens_rT, top)
         # The N best non-EOS candidates stay alive (a stable sort keeps their score order).
-        alive_bN = top.is_eos_bK.sort(dim=1, stable=True).indices[:, :N]
+        alive_bN = top.is_eos_bC.sort(dim=1, stable=True).indices[:, :N]
         if on_step is not None and before is not None:
             state = _BeamState(sents, tokens_rT, scores_bn, ended, before, last, done)
             on_step(_beam_view(t, cfg, state, logits_rV, lp_rV, top, alive_bN))
-        scores_bn = top_bK.gather(1, alive_bN)
-        parent_bN = top.beam_bK.gather(1, alive_bN) + torch.arange(b, device=device)[:, None] * n
-        parent_r, next_r = parent_bN.view(-1), tok_bK.gather(1, alive_bN).view(-1)
+        scores_bn = top_bC.gather(1, alive_bN)
+        parent_bN = top.beam_bC.gather(1, alive_bN) + torch.arange(b, device=device)[:, None] * n
+        parent_r, next_r = parent_bN.view(-1), tok_bC.gather(1, alive_bN).view(-1)
         if any(done):  # done sentences leave the batch
             keep_b = torch.tensor([i for i in range(b) if not done[i]], device=device)
             if len(keep_b) == 0:
@@ -563,10 +563,10 @@ def _beam_search(
 def _ends(top: _TopK, last: list[bool], N: int) -> Tensor:
     """Which candidates end this step: EOS among the N best, or any of the N best at the
     length limit; never one with probability 0."""
-    ends_bK = top.is_eos_bK.clone()
-    ends_bK[:, N:] = False
-    ends_bK[torch.tensor(last, device=ends_bK.device), :N] = True
-    return ends_bK & (top.scores_bK > float("-inf"))
+    ends_bC = top.is_eos_bC.clone()
+    ends_bC[:, N:] = False
+    ends_bC[torch.tensor(last, device=ends_bC.device), :N] = True
+    return ends_bC & (top.scores_bC > float("-inf"))
 
 
 def _set_aside(
@@ -589,10 +589,10 @@ def _set_aside(
         s = sents[i]
         if len(ended[s]) >= N:
             continue
-        eos = bool(top.is_eos_bK[i, j])
-        row = i * n + int(top.beam_bK[i, j])
-        toks = tokens_rT[row, 1 : t + 1].tolist() + ([] if eos else [int(top.tok_bK[i, j])])
-        lp = float(top.scores_bK[i, j])
+        eos = bool(top.is_eos_bC[i, j])
+        row = i * n + int(top.beam_bC[i, j])
+        toks = tokens_rT[row, 1 : t + 1].tolist() + ([] if eos else [int(top.tok_bC[i, j])])
+        lp = float(top.scores_bC[i, j])
         ended[s].append(Hypothesis(toks, lp, lp / length_penalty(t + 1, alpha), eos))
     return [last[i] or len(ended[s]) >= N for i, s in enumerate(sents)]
 

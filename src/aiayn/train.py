@@ -66,23 +66,25 @@ log = logging.getLogger(__name__)
 
 
 def label_smoothed_loss(
-    logits_NV: Tensor, target_N: Tensor, epsilon: float, pad_id: int
+    logits_PV: Tensor, target_P: Tensor, epsilon: float, pad_id: int
 ) -> tuple[Tensor, Tensor]:
     """Summed label-smoothed cross-entropy and summed NLL over the non-PAD targets.
+
+    Shapes: P target positions (a batch's B x T flattened), V vocabulary.
 
     The smoothed target puts 1 - ε on the true class and spreads ε uniformly over all V
     classes (PyTorch's definition; the Annotated Transformer spreads it over V - 2), so
     `loss_sum == F.cross_entropy(logits, target, label_smoothing=ε, ignore_index=pad,
     reduction="sum")`. The NLL (no smoothing) gives perplexity.
     """
-    logp_NV = F.log_softmax(logits_NV.float(), dim=-1)
+    logp_PV = F.log_softmax(logits_PV.float(), dim=-1)
     # A 0/1 weight rather than boolean indexing: indexing must learn how many rows survive,
     # which stops the host until a GPU has caught up.
-    keep_N = (target_N != pad_id).to(logp_NV.dtype)
-    nll_N = -logp_NV.gather(-1, target_N.clamp(min=0)[:, None]).squeeze(-1)
-    uniform_N = -logp_NV.mean(dim=-1)
-    loss_N = (1.0 - epsilon) * nll_N + epsilon * uniform_N
-    return (loss_N * keep_N).sum(), (nll_N * keep_N).sum()
+    keep_P = (target_P != pad_id).to(logp_PV.dtype)
+    nll_P = -logp_PV.gather(-1, target_P.clamp(min=0)[:, None]).squeeze(-1)
+    uniform_P = -logp_PV.mean(dim=-1)
+    loss_P = (1.0 - epsilon) * nll_P + epsilon * uniform_P
+    return (loss_P * keep_P).sum(), (nll_P * keep_P).sum()
 
 
 # --- learning-rate schedules: pure functions of the step (1-based) ----------------------------
