@@ -590,9 +590,8 @@ def _loop(run: _Run, net: torch.nn.Module, progress: bool) -> str:
             )
             pad_id = run.cfg.model.pad_id
             batches = [collate(run.data.train, idx, pad_id).to(d.device) for idx in chunk]
-            totals = train_step(net, run.opt, batches, tokens=tokens, lr=lr,
-                                pad_id=run.cfg.model.pad_id, tc=tc, d=d,
-                                precision=run.precision)  # fmt: skip
+            totals = train_step(net, run.opt, batches, tokens=tokens, lr=lr, pad_id=pad_id,
+                                tc=tc, d=d, precision=run.precision)  # fmt: skip
             state.step, state.tokens = state.step + 1, state.tokens + tokens
             run.add_step(totals, tokens)
             bar.update(1)
