@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiayn import __version__
 from aiayn.errors import AiaynError
@@ -109,15 +109,32 @@ def _add_search_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-len", type=int, help="no EOS before this many tokens (default 0)")
     p.add_argument("--max-len-a", type=float, help="max length = a * src_len + b (default 1.0)")
     p.add_argument("--max-len-b", type=int, help="(default 50)")
-    p.add_argument("--sample", action="store_true", help="sample instead of searching")
-    p.add_argument("--temperature", type=float, help="with --sample (default 1.0)")
-    p.add_argument("--top-k", type=int, help="with --sample; 0 = off (default)")
-    p.add_argument("--top-p", type=float, help="with --sample; 1.0 = off (default)")
-    p.add_argument("--seed", type=int, help="with --sample (default 0)")
+    _add_sampling_flags(p, "--top-k", "sample instead of searching")
     p.add_argument("--batch-tokens", type=int, default=2048, help="source tokens per batch")
     p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     _add_device_flag(p)
     _add_dtype_flag(p)
+
+
+def _add_sampling_flags(p: argparse.ArgumentParser, top_k_flag: str, sample_help: str) -> None:
+    """The sampling flags translate, evaluate and explain share (explain's --top-k counts the
+    candidates it shows, so its sampling top-k is --sample-top-k)."""
+    p.add_argument("--sample", action="store_true", help=sample_help)
+    p.add_argument("--temperature", type=float, help="with --sample (default 1.0)")
+    p.add_argument(top_k_flag, type=int, help="with --sample; 0 = off (default)")
+    p.add_argument("--top-p", type=float, help="with --sample; 1.0 = off (default)")
+    p.add_argument("--seed", type=int, help="with --sample (default 0); line n samples from "
+                   "(seed, n)")  # fmt: skip
+
+
+def _given_search_settings(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, Any]:
+    """The DecodeConfig fields the command line set (`flags`: field -> argparse dest)."""
+    given: dict[str, Any] = {
+        f: getattr(args, a) for f, a in flags.items() if getattr(args, a, None) is not None
+    }
+    if args.sample:
+        given["sample"] = True
+    return given
 
 
 _SEARCH_FLAGS = {  # DecodeConfig field -> argparse dest
@@ -137,11 +154,7 @@ def _decode_setup(args: argparse.Namespace) -> tuple[Translator, DecodeConfig]:
     from aiayn.decode import check_decode_config
     from aiayn.translate import Translator, saved_decode_config
 
-    given = {
-        f: getattr(args, a) for f, a in _SEARCH_FLAGS.items() if getattr(args, a, None) is not None
-    }
-    if args.sample:
-        given["sample"] = True
+    given = _given_search_settings(args, _SEARCH_FLAGS)
     cfg = dataclasses.replace(saved_decode_config(args.model), **given)
     check_decode_config(cfg)
     if args.batch_tokens < 1:
@@ -304,12 +317,7 @@ def _add_explain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-len", type=int, help="no EOS before this many tokens (default 0)")
     p.add_argument("--beam", type=int, default=0, help="also trace beam search of this size")
     p.add_argument("--alpha", type=float, help="length penalty α (default: the model's, or 0.6)")
-    # Sampling: translate's flags, except that --top-k here counts the candidates shown.
-    p.add_argument("--sample", action="store_true", help="trace sampling instead of greedy")
-    p.add_argument("--temperature", type=float, help="with --sample (default 1.0)")
-    p.add_argument("--sample-top-k", type=int, help="translate's --top-k; 0 = off (default)")
-    p.add_argument("--top-p", type=float, help="with --sample; 1.0 = off (default)")
-    p.add_argument("--seed", type=int, help="with --sample (default 0); as translate's line 1")
+    _add_sampling_flags(p, "--sample-top-k", "trace sampling instead of greedy")
     _add_device_flag(p)
 
 
@@ -335,10 +343,7 @@ def _run_explain(args: argparse.Namespace) -> int:
             args.dims,
             args.precision,
         )
-        given = {f: getattr(args, a) for f, a in _EXPLAIN_SEARCH_FLAGS.items()}
-        overrides = {f: v for f, v in given.items() if v is not None}
-        if args.sample:
-            overrides["sample"] = True
+        overrides = _given_search_settings(args, _EXPLAIN_SEARCH_FLAGS)
         report = explain_report(str(args.model), args.sentence, fmt=args.format, view=view,
                                 top_k=args.top_k, max_len=args.max_len, beam=args.beam,
                                 device=args.device, overrides=overrides)  # fmt: skip

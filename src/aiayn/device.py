@@ -27,7 +27,6 @@ from aiayn.errors import ConfigError
 log = logging.getLogger(__name__)
 
 DTYPES = ("auto", "fp32", "bf16")
-DtypeName = Literal["auto", "fp32", "bf16"]
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda)(?::(\d+))?$")
 
 
