@@ -179,15 +179,14 @@ def validate(
     plan = batch_plan(data, tc.max_tokens, shuffle=False)
     totals = torch.zeros(3, dtype=torch.float64, device=d.device)  # loss, NLL, tokens
     for idx in plan[d.rank :: d.world]:
-        cpu_batch = collate(data, idx, model.cfg.pad_id)
-        b = cpu_batch.to(d.device)
+        b = collate(data, idx, model.cfg.pad_id).to(d.device)
         with precision.autocast():
             logits_BTV = model(b.src_BS, b.tgt_in_BT)
         loss, nll = label_smoothed_loss(
             logits_BTV.flatten(0, 1), b.tgt_out_BT.flatten(), tc.label_smoothing, model.cfg.pad_id
         )
-        totals += torch.stack([loss.double(), nll.double(), totals.new_tensor(
-            cpu_batch.n_tgt_tokens)])  # fmt: skip
+        totals[:2] += torch.stack([loss.double(), nll.double()])
+        totals[2] += b.n_tgt_tokens  # counted on the host by collate
     loss_sum, nll_sum, n = all_sum(totals, d)
     model.train(was_training)
     return {"valid_loss": loss_sum / n, "valid_ppl": math.exp(min(nll_sum / n, 50.0))}
