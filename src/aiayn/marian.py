@@ -27,7 +27,7 @@ import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 
 WEIGHTS = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
-ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu"}  # HF name -> aiayn's
+Activation = Literal["relu", "swish"]
+ACTIVATIONS: dict[str, Activation] = {"swish": "swish", "silu": "swish", "relu": "relu"}  # HF's
 
 # HF's names inside one layer -> aiayn's (q/k/v are packed into in_proj separately).
 ENCODER_LAYER = {"self_attn.out_proj": "self_attn.out_proj", "self_attn_layer_norm": "norm1",
@@ -136,12 +137,13 @@ def read_weights(hf_dir: Path) -> dict[str, Tensor]:
         files = sorted(set(index.values())) if isinstance(index, dict) else []
     elif (hf_dir / WEIGHTS).is_file():
         files = [WEIGHTS]
-    elif any((hf_dir / name).exists() for name in ("pytorch_model.bin", "tf_model.h5")):
-        raise CheckpointError(
-            f"{hf_dir} has weights only as pytorch_model.bin (a pickle, never opened by aiayn): "
-            "fetch model.safetensors instead (docs/import.md)"
-        )
     else:
+        other = [n for n in ("pytorch_model.bin", "tf_model.h5") if (hf_dir / n).exists()]
+        if other:  # pytorch_model.bin is a pickle: loading it could run any code
+            raise CheckpointError(
+                f"{hf_dir} has weights only as {other[0]} (aiayn reads safetensors and never "
+                f"opens a pickle): fetch {WEIGHTS} instead (docs/import.md)"
+            )
         raise CheckpointError(f"{hf_dir} has no {WEIGHTS}")
     tensors: dict[str, Tensor] = {}
     for name in files:
@@ -204,7 +206,7 @@ def model_config(hf: dict[str, Any], logits_bias: bool) -> ModelConfig:
         layer_norm_eps=1e-5,  # HF builds its LayerNorms with PyTorch's default
         share_embeddings=bool(hf.get("share_encoder_decoder_embeddings", True)),
         tie_output=bool(hf.get("tie_word_embeddings", True)),
-        activation=ACTIVATIONS[hf["activation_function"]],  # type: ignore[arg-type]
+        activation=ACTIVATIONS[hf["activation_function"]],
         logits_bias=logits_bias,
         pad_id=hf["pad_token_id"],
         bos_id=hf["pad_token_id"],  # Marian's decoder starts from PAD
