@@ -293,6 +293,52 @@ def test_continued_training_starts_from_the_imported_weights(dirs, tmp_path, cap
     assert not torch.equal(start[name], moved[name])
 
 
+def test_search_settings_and_languages_come_from_the_hf_files(pristine, tmp_path, capsys):
+    import shutil
+
+    hf_dir = tmp_path / "opus-mt-tc-big-en-fr"
+    shutil.copytree(pristine, hf_dir)
+    (hf_dir / "tokenizer_config.json").unlink()  # the languages then come from the name
+    generation = json.loads((hf_dir / "generation_config.json").read_text())
+    generation |= {"num_beams": 6, "min_length": 3, "length_penalty": 1.0, "max_length": 512}
+    (hf_dir / "generation_config.json").write_text(json.dumps(generation))
+    printed = aiayn(capsys, "import", "marian", hf_dir, "--out", tmp_path / "m")
+    assert "(en -> fr)" in printed and "beam 6, alpha 0.6" in printed
+    saved = json.loads((tmp_path / "m" / "run_config.json").read_text())
+    assert (saved["decode"]["beam_size"], saved["decode"]["min_len"]) == (6, 2)
+    assert saved["imported"] | {"directory": "?"} == {
+        "from": "marian", "directory": "?", "source_lang": "en", "target_lang": "fr"}  # fmt: skip
+
+
+@torch.no_grad()
+def test_older_files_with_every_tied_copy_and_the_positions_table(pristine, pair, tmp_path):
+    """Older transformers saved each tied copy and the sinusoids too: all are checked, the
+    result is the same model; a positional table that is not Marian's is refused."""
+    import shutil
+
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(pristine, hf_dir)
+    tensors = load_file(hf_dir / "model.safetensors")
+    shared = tensors["model.shared.weight"]
+    table = MarianSinusoidalPositionalEmbedding(64, 32).create_weight()
+    for name in ("lm_head", "model.encoder.embed_tokens", "model.decoder.embed_tokens"):
+        tensors[f"{name}.weight"] = shared.clone()
+    for stack in ("encoder", "decoder"):
+        tensors[f"model.{stack}.embed_positions.weight"] = table.clone()
+    save_file(tensors, hf_dir / "model.safetensors")
+    import_marian(hf_dir, tmp_path / "ours")
+    src_BS, tgt_in_BT = _batch(pair[2])
+    ours = load_model_dir(tmp_path / "ours")
+    expected = load_model_dir(import_marian(pristine, tmp_path / "plain").out)
+    torch.testing.assert_close(ours(src_BS, tgt_in_BT), expected(src_BS, tgt_in_BT), rtol=0, atol=0)
+    tensors["model.decoder.embed_positions.weight"] = table.flip(1).contiguous()
+    save_file(tensors, hf_dir / "model.safetensors")
+    with pytest.raises(CheckpointError, match="is not Marian's sinusoidal table"):
+        import_marian(hf_dir, tmp_path / "refused")
+
+
 # --- bad input: one line, exit 2, nothing written ---------------------------------------------
 
 
