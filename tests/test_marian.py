@@ -256,6 +256,9 @@ def test_commands_run_on_the_imported_model(dirs, pair, tmp_path, capsys):
     report = aiayn(capsys, "explain", "--model", ours, "Hund.", "--max-len", "3")
     assert "swish FFN, sines then cosines (halves), bias on the logits" in report
     assert "'H'" in report and "'</s>'" in report  # the source's pieces
+    beam = json.loads(aiayn(capsys, "explain", "--model", ours, "Hund.", "--beam", "2",
+                            "--max-len", "3", "--format", "json"))["beam"]  # fmt: skip
+    assert beam["beam_size"] == 2 and beam["steps"]
 
     pictures = aiayn(capsys, "attend", "--model", ours, "Hund.", "--max-len", "4", "--out",
                      tmp_path / "att")  # fmt: skip
