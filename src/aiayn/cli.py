@@ -502,6 +502,39 @@ def _run_average(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- import (docs/import.md) ----------------------------------------------------------------------
+
+
+def _add_import(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("import", help="open another toolkit's model as an aiayn model directory")
+    import_sub = p.add_subparsers(dest="import_command", required=True, metavar="FORMAT")
+    m = import_sub.add_parser(
+        "marian",
+        help="a local Hugging Face MarianMT (OPUS-MT) directory (docs/import.md)",
+        description="Convert HF_DIR (config.json, model.safetensors, source.spm, target.spm, "
+        "vocab.json) into a new aiayn model directory that translate, evaluate, explain, "
+        "attend, average and train (train.init_from) accept. Nothing is downloaded.",
+    )
+    m.add_argument("hf_dir", type=Path, metavar="HF_DIR", help="the Hugging Face directory")
+    m.add_argument("--out", type=Path, required=True, help="new model directory (must not exist "
+                   "or be empty)")  # fmt: skip
+
+
+def _run_import(args: argparse.Namespace) -> int:
+    from aiayn.marian import import_marian
+
+    done = import_marian(args.hf_dir, args.out)
+    cfg, dec = done.model, done.decode
+    langs = f"{done.source_lang or '?'} -> {done.target_lang or '?'}"
+    print(
+        f"imported {args.hf_dir} ({langs}) into {done.out}: d_model {cfg.d_model}, "
+        f"{cfg.n_layers}+{cfg.n_layers} layers, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
+        f"vocabulary {cfg.vocab_size}, {cfg.activation} FFN; search: beam {dec.beam_size}, "
+        f"alpha {dec.alpha:g}"
+    )
+    return 0
+
+
 # --- quickstart -----------------------------------------------------------------------------------
 
 
@@ -555,6 +588,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable
     "evaluate": (_add_evaluate, _run_evaluate),
     "train": (_add_train, _run_train),
     "average": (_add_average, _run_average),
+    "import": (_add_import, _run_import),
     "quickstart": (_add_quickstart, _run_quickstart),
 }
 

@@ -181,7 +181,8 @@ def to_text(trace: Explanation, view: View | None = None) -> str:
     out = [
         "aiayn explain: one sentence through the Transformer, every intermediate named",
         f"model: d_model={c['d_model']} h={c['n_heads']} d_k={c['d_k']} N={c['n_layers']} "
-        f"d_ff={c['d_ff']} vocab={c['vocab_size']}, {c['norm']}, {c['positional']} positions",
+        f"d_ff={c['d_ff']} vocab={c['vocab_size']}, {c['norm']}, {c['positional']} positions"
+        + (f", {c['differs']}" if c.get("differs") else ""),
         f"source: {trace.source}",
         f"{SEARCH_NAME[trace.search]}: {trace.translation}",
         f"showing layers {_which(view.layers)}, heads {_which(view.heads)}, decoding steps "
