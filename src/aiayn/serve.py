@@ -596,7 +596,9 @@ def create_app(translator: Translator, model_dir: Path, opts: ServeOptions) -> F
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "queued": server.batcher.queued()}
+        # in_flight: other requests accepted and not yet answered (this one is not counted)
+        in_flight = server.accepted - server.answered - 1
+        return {"status": "ok", "queued": server.batcher.queued(), "in_flight": in_flight}
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics(request: Request) -> Response:
