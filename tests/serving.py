@@ -22,7 +22,7 @@ class ServerProcess:
         child_env["PYTHONPATH"] = os.pathsep.join([str(SRC), child_env.get("PYTHONPATH", "")])
         cmd = [sys.executable, "-m", "aiayn", "serve", "--model", str(model_dir), "--port", "0",
                "--threads", "1", "--no-access-log", *flags]  # fmt: skip
-        self.err = tempfile.TemporaryFile("w+")  # a file, not a pipe: logs never block it
+        self.err = tempfile.TemporaryFile("w+")  # noqa: SIM115  (a file, not a pipe: never blocks)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.err, text=True,
                                      env=child_env)  # fmt: skip
         self.lines: list[str] = []

@@ -24,7 +24,8 @@ from aiayn.serve_batcher import Batcher, ExpiredError, Job
 from aiayn.translate import Translator
 
 SENTENCES = ["forty-two", "seven hundred and one", "three thousand and nine", "eleven",
-             "one hundred and twenty-three", "ninety", "five thousand, six hundred", "two"]  # fmt: skip
+             "one hundred and twenty-three", "ninety", "five thousand, six hundred",
+             "two"]  # fmt: skip
 SCORE_TOL = 1e-4  # log-probabilities summed over a sentence, another process: fp32 rounding
 
 
@@ -291,8 +292,8 @@ def test_batcher_merges_equal_settings_and_drops_gone_or_late_jobs(translator):
         c = b.translate(["seven", "forty-two"], cfg, timeout_s=30)
         sampled = b.translate(["two"], translator.settings(sample=True), timeout_s=30)
         gone.cancel()  # within the window: before the worker decodes
-        assert [r[0].text for r in c.future.result(60)] == translator.translate(["seven",
-                                                                                 "forty-two"])  # fmt: skip
+        got_c = [r[0].text for r in c.future.result(60)]
+        assert got_c == translator.translate(["seven", "forty-two"])
         assert a.future.result(60)[0][0].text == translator.translate(["two"])[0]
         assert sampled.future.result(60)[0][0].text == translator.translate(["two"], sample=True)[0]
         assert gone.future.cancelled()
@@ -331,7 +332,7 @@ def test_no_languages_timeout_and_disconnect(served_model_dir, tmp_path):
         assert "aiayn_sentences_total 0.0" in metrics, [  # nothing was decoded for anybody
             line for line in metrics.splitlines() if line.startswith("aiayn_")]
     finally:
-        code, out, err = s.stop()
+        code, _, err = s.stop()
     assert code == 0, err
 
 
