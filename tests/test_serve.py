@@ -223,6 +223,7 @@ BAD = [
     ("post", "/v1/explain", {"q": "a", "layers": {"a": 1}}, None, 422, "'layers' must be"),
     ("post", "/v1/explain", {"q": "a", "tensors": "some"}, None, 422, "'tensors' must be"),
     ("post", "/v1/explain", {"q": "a", "top_k": 0}, None, 422, "'top_k'"),
+    ("post", "/v1/explain", {"q": "a", "max_len": 0}, None, 422, "'max_len' must be at least 1"),
     ("post", "/v1/explain", {"q": "a", "beam": 9}, None, 422, "'beam' must be between 0 and 6"),
     ("get", "/translate", None, None, 405, "Method Not Allowed"),
     ("get", "/no/such/page", None, None, 404, "Not Found"),
@@ -389,6 +390,7 @@ def test_api_key_and_language_flags(served_model_dir):
             assert c.get("/", params={"api_key": "s3cret"}).status_code == 200
             body = {"q": "two", "source": "fr", "target": "it"}
             assert c.post("/translate", json=body).status_code == 401
+            assert c.post("/translate", content=b"{").status_code == 401  # the key comes first
             assert c.post("/translate", json={**body, "api_key": "s3cret"}).status_code == 200
             r = c.post("/translate", json={**body, "source": "en", "api_key": "s3cret"})
             assert r.status_code == 400 and "fr -> it" in r.json()["error"]

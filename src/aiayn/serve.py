@@ -372,7 +372,11 @@ class Server:
         if length.isdigit() and int(length) > self.max_body:
             raise ApiError(413, f"the body has {length} bytes; the limit is {self.max_body}")
         ctype = request.headers.get("content-type", "")
-        body = parse_body(await request.body(), ctype, self.max_body)
+        try:
+            body = parse_body(await request.body(), ctype, self.max_body)
+        except ApiError:
+            self.check_key(request)  # without a key, say that first (not what is wrong inside)
+            raise
         self.check_key(request, body.get("api_key"))
         return body
 
@@ -500,6 +504,8 @@ class Server:
         if not 1 <= top_k <= 100:
             raise ApiError(422, "'top_k' (next-token candidates shown) must be in 1..100")
         max_len = field(body, "max_len", int)
+        if max_len is not None and max_len < 1:
+            raise ApiError(422, f"'max_len' must be at least 1, got {max_len}")
         overrides = {}  # DecodeConfig fields; sampling's top_k is sent as sample_top_k
         for name, kind in EXPLAIN_SEARCH.items():
             value = field(body, "sample_top_k" if name == "top_k" else name, kind)
