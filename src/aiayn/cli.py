@@ -567,8 +567,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-beam", type=int, default=8, help="largest beam/nbest (default 8)")
     p.add_argument("--timeout", type=float, default=30.0,
                    help="seconds a request may take, queueing included (default 30)")  # fmt: skip
-    p.add_argument("--window-ms", type=float, default=5.0,
-                   help="how long the model waits to batch requests (default 5)")  # fmt: skip
+    p.add_argument("--window-ms", type=float, default=10.0,
+                   help="how long the model waits to batch requests (default 10)")  # fmt: skip
     p.add_argument("--batch-tokens", type=int, default=2048, help="source tokens per batch")
     p.add_argument("--max-queue", type=int, default=1000,
                    help="requests waiting before 503 busy (default 1000)")  # fmt: skip

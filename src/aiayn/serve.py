@@ -77,7 +77,7 @@ class ServeOptions:
     port: int = 8000
     api_key: str | None = None
     limits: Limits = Limits()
-    window_ms: float = 5.0  # how long the model worker waits to gather concurrent requests
+    window_ms: float = 10.0  # how long the model worker waits to gather concurrent requests
     batch_tokens: int = 2048
     max_queue: int = 1000
     source_lang: str | None = None

@@ -1,8 +1,8 @@
 """Micro-batching for `aiayn serve`: one worker thread owns the model, requests queue for it.
 
 A request handler submits a job (its sentences and search settings) and waits on the job's
-future. The worker takes the first queued job, waits a short window (`window_s`, a few
-milliseconds) for more, and merges the jobs that share the same search settings into one
+future. The worker takes the first queued job, waits a short window (`window_s`, 10 ms by
+default) for more, and merges the jobs that share the same search settings into one
 `Translator.translate_hyps` call, which sorts their sentences by length and cuts token-budget
 batches. Each job's future then gets its own results, in its own order. Concurrent requests
 thus share batches (what makes serving nearly as fast as translating a file in one call),
@@ -83,7 +83,7 @@ class Batcher:
         self,
         translator: Translator,
         *,
-        window_s: float = 0.005,
+        window_s: float = 0.01,
         batch_tokens: int = 2048,
         max_batch_sentences: int = 256,
         max_queue: int = 1000,
