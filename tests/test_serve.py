@@ -409,3 +409,19 @@ def test_non_loopback_needs_a_key_and_bad_flags_are_one_line(served_model_dir, c
         assert main(["serve", "--model", str(served_model_dir), *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and message in err, err
+
+
+def test_languages_come_from_the_training_files_suffixes(tmp_path):
+    from aiayn.serve_requests import model_languages
+
+    def langs(src, tgt):
+        (tmp_path / "run_config.json").write_text(json.dumps({"train": {"src": src, "tgt": tgt}}))
+        return model_languages(tmp_path)
+
+    assert langs("data/train.en", "data/train.de") == ("en", "de")
+    assert langs("/x/corpus.pt-BR", "/x/corpus.es") == ("pt-BR", "es")
+    assert langs("pairs.tsv", "") is None  # one TSV file: no codes
+    assert langs("train.txt", "valid.txt") is None
+    assert langs("a.en", "b.en") is None  # the same suffix on both sides is not a pair
+    (tmp_path / "run_config.json").write_text("{not json")
+    assert model_languages(tmp_path) is None
