@@ -24,7 +24,7 @@ LAYERS = [
     # the glass box
     "explain", "explain_seed", "explain_render", "viz", "viz_html",
     # entry points
-    "quickstart", "cli", "__main__",
+    "quickstart", "serve_batcher", "serve_requests", "serve", "cli", "__main__",
 ]  # fmt: skip
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -576,6 +577,76 @@ def _run_quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- serve (docs/serving.md) ----------------------------------------------------------------------
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="an HTTP translation server (LibreTranslate-compatible) and the live glass box page",
+        description="Serve a model directory over HTTP: GET / is the glass box page, POST "
+        "/translate speaks LibreTranslate's API, /v1/translate and /v1/explain are aiayn's own, "
+        "/metrics is Prometheus. Needs the serve extra: pip install -e '.[serve]'.",
+    )
+    p.add_argument("--model", type=Path, required=True, help="a model directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
+                   "any other needs an API key)")  # fmt: skip
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free)")
+    p.add_argument("--api-key", default=os.environ.get("AIAYN_API_KEY"),
+                   help="needed on every request but /health (default $AIAYN_API_KEY)")  # fmt: skip
+    p.add_argument("--max-chars-per-request", type=int, default=20_000, help="(default 20000)")
+    p.add_argument("--max-chars-per-sentence", type=int, default=1_000, help="(default 1000)")
+    p.add_argument("--max-sentences", type=int, default=128, help="per request (default 128)")
+    p.add_argument("--max-beam", type=int, default=8, help="largest beam/nbest (default 8)")
+    p.add_argument("--timeout", type=float, default=30.0,
+                   help="seconds a request may take, queueing included (default 30)")  # fmt: skip
+    p.add_argument("--window-ms", type=float, default=10.0,
+                   help="how long the model waits to batch requests (default 10)")  # fmt: skip
+    p.add_argument("--batch-tokens", type=int, default=2048, help="source tokens per batch")
+    p.add_argument("--max-queue", type=int, default=1000,
+                   help="requests waiting before 503 busy (default 1000)")  # fmt: skip
+    p.add_argument("--source-lang", help="the model's source language code (default: from "
+                   "the training files' suffixes, e.g. train.en; none = accept any)")  # fmt: skip
+    p.add_argument("--target-lang", help="the model's target language code")
+    p.add_argument("--examples", type=Path, help="a file of example sentences for the page")
+    p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
+    p.add_argument("--no-access-log", action="store_true", help="no line per request")
+    _add_device_flag(p)
+    _add_dtype_flag(p)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    try:
+        from aiayn.serve import Limits, ServeOptions, serve
+    except ImportError as e:  # the serve extra is optional
+        raise AiaynError(f"serve needs the serve extra (pip install -e '.[serve]'): {e}") from None
+    positive = ("max_chars_per_request", "max_chars_per_sentence", "max_sentences", "max_beam",
+                "timeout", "batch_tokens", "max_queue")  # fmt: skip
+    for name in positive:
+        if getattr(args, name) <= 0:
+            raise AiaynError(f"--{name.replace('_', '-')} must be positive")
+    if args.window_ms < 0 or args.threads < 0 or not 0 <= args.port < 65536:
+        raise AiaynError("--window-ms and --threads must be >= 0, --port in 0..65535")
+    if bool(args.source_lang) != bool(args.target_lang):
+        raise AiaynError("give both --source-lang and --target-lang, or neither")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    limits = Limits(args.max_chars_per_request, args.max_chars_per_sentence, args.max_sentences,
+                    args.max_beam, args.timeout)  # fmt: skip
+    opts = ServeOptions(
+        args.host, args.port, args.api_key or None, limits, args.window_ms, args.batch_tokens,
+        args.max_queue, args.source_lang, args.target_lang, args.examples,
+        access_log=not args.no_access_log,
+    )  # fmt: skip
+    counts = serve(args.model, opts, device=args.device, dtype=args.dtype,
+                   announce=lambda line: print(line, flush=True))  # fmt: skip
+    print(f"aiayn serve: stopped; answered {counts['answered']} of {counts['accepted']} "
+          "accepted requests", flush=True)  # fmt: skip
+    return 0
+
+
 # --- main -----------------------------------------------------------------------------------------
 
 COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable[..., int]]] = {
@@ -590,6 +661,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable
     "average": (_add_average, _run_average),
     "import": (_add_import, _run_import),
     "quickstart": (_add_quickstart, _run_quickstart),
+    "serve": (_add_serve, _run_serve),
 }
 
 
