@@ -438,3 +438,34 @@ def test_out_must_be_new_or_empty(pristine, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert "imported" in aiayn(capsys, "import", "marian", pristine, "--out", tmp_path / "empty")
     assert load_model_dir(tmp_path / "empty").cfg.positional_layout == "halves"
+
+
+def test_the_imported_model_is_served_with_its_languages(dirs, tmp_path, capsys):
+    pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install .[serve])")
+    import httpx
+    from serving import ServerProcess
+
+    _, ours = dirs
+    (tmp_path / "src.txt").write_text("der Mann läuft im Park.\nHund.\n", encoding="utf-8")
+    expected = aiayn(capsys, "translate", "--model", ours, "--input", tmp_path / "src.txt",
+                     "--beam", "2").splitlines()  # fmt: skip
+    server = ServerProcess(ours)
+    try:
+        languages = httpx.get(f"{server.url}/languages", timeout=30).json()
+        assert [(lang["code"], lang["targets"]) for lang in languages] == [
+            ("de", ["en"]),
+            ("en", []),
+        ]
+        q = ["der Mann läuft im Park.", "Hund."]
+        r = httpx.post(f"{server.url}/v1/translate", json={"q": q, "beam": 2}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert [t["text"] for t in r.json()["translations"]] == expected
+        body = {"q": q, "source": "de", "target": "fr", "format": "text"}
+        wrong = httpx.post(f"{server.url}/translate", json=body, timeout=30)
+        assert wrong.status_code == 400 and "en" in wrong.json()["error"]
+        explained = httpx.post(f"{server.url}/v1/explain", json={"q": "Hund."}, timeout=60)
+        assert explained.status_code == 200, explained.text
+        assert explained.json()["source"]["pieces"][-1] == "</s>"
+    finally:
+        code, _, err = server.stop()
+    assert code == 0, err[-2000:]

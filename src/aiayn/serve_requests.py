@@ -51,14 +51,19 @@ def _run_config(directory: Path) -> dict[str, Any]:
 
 
 def model_languages(directory: Path) -> tuple[str, str] | None:
-    """(source, target) language codes from the training files' suffixes in `run_config.json`
-    (`train.en` / `train.de` -> ("en", "de"), as the quick start and Multi30k name them), or
-    None when the suffixes are not language codes (or the directory has no run config)."""
-    train = _run_config(directory).get("train", {})
-    if not isinstance(train, dict):
+    """(source, target) language codes a model directory records: an imported model's
+    (`aiayn import marian` writes them under `imported`), else the training files' suffixes in
+    `run_config.json` (`train.en` / `train.de` -> ("en", "de"), as the quick start and Multi30k
+    name them); None when neither names two different language codes."""
+    config = _run_config(directory)
+    imported, train = config.get("imported", {}), config.get("train", {})
+    if isinstance(imported, dict) and imported.get("source_lang"):
+        codes = (str(imported.get("source_lang")), str(imported.get("target_lang") or ""))
+    elif isinstance(train, dict):
+        src, tgt = str(train.get("src", "")), str(train.get("tgt", ""))
+        codes = (Path(src).suffix.lstrip("."), Path(tgt).suffix.lstrip("."))
+    else:
         return None
-    src, tgt = str(train.get("src", "")), str(train.get("tgt", ""))
-    codes = tuple(Path(p).suffix.lstrip(".") for p in (src, tgt))
     if all(_LANG.match(c) for c in codes) and codes[0] != codes[1]:
         return codes[0], codes[1]
     return None
