@@ -318,6 +318,9 @@ def bad_exports(trained: dict[str, Path], tmp_path: Path) -> list[tuple[list[str
     lm = tmp_path / "lm"
     save_model_dir(DecoderLM(tiny_cfg(Tokenizer.load(src))), lm)
     Tokenizer.load(src).save(lm)
+    other_tok = tmp_path / "other_tok"  # a model with another run's (smaller) vocabulary
+    save_model_dir(Transformer(tiny_cfg(Tokenizer.load(src))), other_tok)
+    Tokenizer.train([s for s, _ in TRAIN[:300]], vocab_size=290).save(other_tok)
     out = str(tmp_path / "out")
     return [
         (["ctranslate2", "--model", str(src), "--out", str(full)], "exists and is not empty"),
@@ -327,6 +330,8 @@ def bad_exports(trained: dict[str, Path], tmp_path: Path) -> list[tuple[list[str
         (["onnx", "--model", str(no_weights), "--out", out], "missing model.safetensors"),
         (["ctranslate2", "--model", str(tmp_path / "nowhere"), "--out", out], "not found"),
         (["ctranslate2", "--model", str(lm), "--out", out], "holds a DecoderLM, not a Transformer"),
+        (["ctranslate2", "--model", str(other_tok), "--out", out], "the tokenizer has"),
+        (["onnx", "--model", str(other_tok), "--out", out], "the tokenizer has"),
         (["onnx", "--model", str(lm), "--out", out], "holds a DecoderLM, not a Transformer"),
     ]
 

@@ -15,6 +15,12 @@ same `translate`, `translate_hyps` and `translate_stream`, the same search setti
   on its stop-when-the-best-beam-ends shortcut), returns all N finished hypotheses with their
   log-probabilities, and they are ranked here with aiayn's `length_penalty`. Per-sentence
   length limits (a * source length + b) are honoured by searching each limit's lines together.
+  Sampling is refused (CTranslate2 cannot reproduce aiayn's per-line streams); n-best lists can
+  differ below the best line (docs/export.md, "What parity means").
+
+Both subclasses set the attributes `Translator`'s methods read (`model` with its `cfg`,
+`tokenizer`, `cfg`, `device`, `precision`) instead of calling its `__init__`, which takes a
+torch model.
 """
 
 from __future__ import annotations
@@ -30,7 +36,12 @@ from aiayn.decode import Hypothesis, check_decode_config, length_penalty, max_ou
 from aiayn.device import choose_precision
 from aiayn.errors import CheckpointError, ConfigError, DataError
 from aiayn.export_ct2 import import_ctranslate2, vocabulary
-from aiayn.export_dir import export_decode_config, export_model_config, read_export_meta
+from aiayn.export_dir import (
+    check_tokenizer,
+    export_decode_config,
+    export_model_config,
+    read_export_meta,
+)
 from aiayn.export_onnx import OnnxModel
 from aiayn.tokenizer import Tokenizer
 from aiayn.translate import Translation, Translator, one_line
@@ -39,21 +50,6 @@ from aiayn.translate import Translation, Translator, one_line
 # exactly 0 its beam search also stops when the best beam ends. 1e-30 keeps |Y| ** x == 1.0f
 # for any length, so scores stay raw log-probabilities, without that shortcut.
 NO_LENGTH_PENALTY = 1e-30
-
-
-def check_tokenizer(tokenizer: Tokenizer, cfg: ModelConfig, directory: Path) -> None:
-    """The checks `Translator` makes: one vocabulary, one set of special ids."""
-    if tokenizer.vocab_size != cfg.vocab_size:
-        raise CheckpointError(
-            f"{directory}: the tokenizer has {tokenizer.vocab_size} pieces but the model "
-            f"expects {cfg.vocab_size}"
-        )
-    model_ids = {k: getattr(cfg, k) for k in tokenizer.special_ids}
-    if tokenizer.special_ids != model_ids:
-        raise CheckpointError(
-            f"{directory}: tokenizer special ids {tokenizer.special_ids} differ from the "
-            f"model's {model_ids}"
-        )
 
 
 class OnnxTranslator(Translator):

@@ -35,7 +35,7 @@ import torch
 from aiayn.checkpoint import load_model_dir
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError, ConfigError
-from aiayn.export_dir import staged_dir, write_export_meta
+from aiayn.export_dir import check_tokenizer, staged_dir, write_export_meta
 from aiayn.model import DecoderLayer, EncoderLayer, Transformer
 from aiayn.tokenizer import Tokenizer
 from aiayn.translate import saved_decode_config
@@ -200,6 +200,7 @@ def export_ctranslate2(model_dir: Path, out: Path, quantization: str = "float32"
     check_new_out(out)  # before anything is loaded
     model = load_model_dir(model_dir, expect=Transformer)
     tok = Tokenizer.load(model_dir)
+    check_tokenizer(tok, model.cfg, model_dir)
     decode = saved_decode_config(model_dir)
     spec = transformer_spec(model, tok)
     spec.optimize(quantization=quantization)

@@ -24,6 +24,7 @@ from typing import Any
 from aiayn.atomic import atomic_write_json, fsync_dir
 from aiayn.config import DecodeConfig, ModelConfig, from_dict, to_dict
 from aiayn.errors import CheckpointError, ConfigError
+from aiayn.tokenizer import Tokenizer
 
 EXPORT_FILE = "aiayn_export.json"
 EXPORT_FORMAT = "aiayn-export"
@@ -34,6 +35,21 @@ ENGINES = ("ctranslate2", "onnxruntime")
 def is_export_dir(directory: str | Path) -> bool:
     """Whether `directory` holds an exported model (rather than an aiayn model directory)."""
     return (Path(directory) / EXPORT_FILE).is_file()
+
+
+def check_tokenizer(tokenizer: Tokenizer, cfg: ModelConfig, directory: Path) -> None:
+    """The checks `Translator` makes: one vocabulary, one set of special ids."""
+    if tokenizer.vocab_size != cfg.vocab_size:
+        raise CheckpointError(
+            f"{directory}: the tokenizer has {tokenizer.vocab_size} pieces but the model "
+            f"expects {cfg.vocab_size}"
+        )
+    model_ids = {k: getattr(cfg, k) for k in tokenizer.special_ids}
+    if tokenizer.special_ids != model_ids:
+        raise CheckpointError(
+            f"{directory}: tokenizer special ids {tokenizer.special_ids} differ from the "
+            f"model's {model_ids}"
+        )
 
 
 def check_new_out(out: Path) -> None:

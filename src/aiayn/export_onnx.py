@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from aiayn.checkpoint import load_model_dir
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
-from aiayn.export_dir import staged_dir, write_export_meta
+from aiayn.export_dir import check_tokenizer, staged_dir, write_export_meta
 from aiayn.kv_cache import KVCache, Memory
 from aiayn.model import DecoderLayer, Transformer
 from aiayn.tokenizer import Tokenizer
@@ -176,6 +176,7 @@ def export_onnx(model_dir: Path, out: Path) -> Path:
     check_new_out(out)  # before anything is loaded
     model = load_model_dir(model_dir, expect=Transformer)
     tok = Tokenizer.load(model_dir)
+    check_tokenizer(tok, model.cfg, model_dir)
     decode = saved_decode_config(model_dir)
     with staged_dir(out) as tmp:
         export_graphs(model, tmp)
