@@ -18,7 +18,7 @@ LAYERS = [
     "kv_cache", "attention", "model", "variants", "reference",
     "__init__",  # the package's public names: config, model, variants, tracing
     # text, data, files
-    "tokenizer", "data", "checkpoint", "synthetic",
+    "tokenizer", "data", "checkpoint", "marian", "synthetic",
     # using a model
     "decode", "translate", "train",
     # exporting it to other engines, and running the exports
@@ -26,7 +26,7 @@ LAYERS = [
     # the glass box
     "explain", "explain_seed", "explain_render", "viz", "viz_html",
     # entry points
-    "quickstart", "cli", "__main__",
+    "quickstart", "serve_batcher", "serve_requests", "serve", "cli", "__main__",
 ]  # fmt: skip
 
 

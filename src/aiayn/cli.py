@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -522,6 +523,39 @@ def _run_average(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- import (docs/import.md) ----------------------------------------------------------------------
+
+
+def _add_import(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("import", help="open another toolkit's model as an aiayn model directory")
+    import_sub = p.add_subparsers(dest="import_command", required=True, metavar="FORMAT")
+    m = import_sub.add_parser(
+        "marian",
+        help="a local Hugging Face MarianMT (OPUS-MT) directory (docs/import.md)",
+        description="Convert HF_DIR (config.json, model.safetensors, source.spm, target.spm, "
+        "vocab.json) into a new aiayn model directory that translate, evaluate, explain, "
+        "attend, average and train (train.init_from) accept. Nothing is downloaded.",
+    )
+    m.add_argument("hf_dir", type=Path, metavar="HF_DIR", help="the Hugging Face directory")
+    m.add_argument("--out", type=Path, required=True, help="new model directory (must not exist "
+                   "or be empty)")  # fmt: skip
+
+
+def _run_import(args: argparse.Namespace) -> int:
+    from aiayn.marian import import_marian
+
+    done = import_marian(args.hf_dir, args.out)
+    cfg, dec = done.model, done.decode
+    langs = f"{done.source_lang or '?'} -> {done.target_lang or '?'}"
+    print(
+        f"imported {args.hf_dir} ({langs}) into {done.out}: d_model {cfg.d_model}, "
+        f"{cfg.n_layers}+{cfg.n_layers} layers, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
+        f"vocabulary {cfg.vocab_size}, {cfg.activation} FFN; search: beam {dec.beam_size}, "
+        f"alpha {dec.alpha:g}"
+    )
+    return 0
+
+
 # --- quickstart -----------------------------------------------------------------------------------
 
 
@@ -613,6 +647,76 @@ def _refuse_export_dir(directory: Path | None, command: str) -> None:
         )
 
 
+# --- serve (docs/serving.md) ----------------------------------------------------------------------
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="an HTTP translation server (LibreTranslate-compatible) and the live glass box page",
+        description="Serve a model directory over HTTP: GET / is the glass box page, POST "
+        "/translate speaks LibreTranslate's API, /v1/translate and /v1/explain are aiayn's own, "
+        "/metrics is Prometheus. Needs the serve extra: pip install -e '.[serve]'.",
+    )
+    p.add_argument("--model", type=Path, required=True, help="a model directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
+                   "any other needs an API key)")  # fmt: skip
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free)")
+    p.add_argument("--api-key", default=os.environ.get("AIAYN_API_KEY"),
+                   help="needed on every request but /health (default $AIAYN_API_KEY)")  # fmt: skip
+    p.add_argument("--max-chars-per-request", type=int, default=20_000, help="(default 20000)")
+    p.add_argument("--max-chars-per-sentence", type=int, default=1_000, help="(default 1000)")
+    p.add_argument("--max-sentences", type=int, default=128, help="per request (default 128)")
+    p.add_argument("--max-beam", type=int, default=8, help="largest beam/nbest (default 8)")
+    p.add_argument("--timeout", type=float, default=30.0,
+                   help="seconds a request may take, queueing included (default 30)")  # fmt: skip
+    p.add_argument("--window-ms", type=float, default=10.0,
+                   help="how long the model waits to batch requests (default 10)")  # fmt: skip
+    p.add_argument("--batch-tokens", type=int, default=2048, help="source tokens per batch")
+    p.add_argument("--max-queue", type=int, default=1000,
+                   help="requests waiting before 503 busy (default 1000)")  # fmt: skip
+    p.add_argument("--source-lang", help="the model's source language code (default: from "
+                   "the training files' suffixes, e.g. train.en; none = accept any)")  # fmt: skip
+    p.add_argument("--target-lang", help="the model's target language code")
+    p.add_argument("--examples", type=Path, help="a file of example sentences for the page")
+    p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
+    p.add_argument("--no-access-log", action="store_true", help="no line per request")
+    _add_device_flag(p)
+    _add_dtype_flag(p)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    try:
+        from aiayn.serve import Limits, ServeOptions, serve
+    except ImportError as e:  # the serve extra is optional
+        raise AiaynError(f"serve needs the serve extra (pip install -e '.[serve]'): {e}") from None
+    positive = ("max_chars_per_request", "max_chars_per_sentence", "max_sentences", "max_beam",
+                "timeout", "batch_tokens", "max_queue")  # fmt: skip
+    for name in positive:
+        if getattr(args, name) <= 0:
+            raise AiaynError(f"--{name.replace('_', '-')} must be positive")
+    if args.window_ms < 0 or args.threads < 0 or not 0 <= args.port < 65536:
+        raise AiaynError("--window-ms and --threads must be >= 0, --port in 0..65535")
+    if bool(args.source_lang) != bool(args.target_lang):
+        raise AiaynError("give both --source-lang and --target-lang, or neither")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    limits = Limits(args.max_chars_per_request, args.max_chars_per_sentence, args.max_sentences,
+                    args.max_beam, args.timeout)  # fmt: skip
+    opts = ServeOptions(
+        args.host, args.port, args.api_key or None, limits, args.window_ms, args.batch_tokens,
+        args.max_queue, args.source_lang, args.target_lang, args.examples,
+        access_log=not args.no_access_log,
+    )  # fmt: skip
+    counts = serve(args.model, opts, device=args.device, dtype=args.dtype,
+                   announce=lambda line: print(line, flush=True))  # fmt: skip
+    print(f"aiayn serve: stopped; answered {counts['answered']} of {counts['accepted']} "
+          "accepted requests", flush=True)  # fmt: skip
+    return 0
+
+
 # --- main -----------------------------------------------------------------------------------------
 
 COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable[..., int]]] = {
@@ -626,7 +730,9 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable
     "train": (_add_train, _run_train),
     "average": (_add_average, _run_average),
     "export": (_add_export, _run_export),
+    "import": (_add_import, _run_import),
     "quickstart": (_add_quickstart, _run_quickstart),
+    "serve": (_add_serve, _run_serve),
 }
 
 

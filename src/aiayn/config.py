@@ -130,6 +130,9 @@ class TrainConfig:
     valid_src: str = ""
     valid_tgt: str = ""
     out_dir: str = "runs/model"
+    # continued training: start from this model directory's weights, tokenizer and whole
+    # [model] architecture (e.g. an `aiayn import marian` one), with a fresh optimizer
+    init_from: str = ""
     vocab_size: int = 8000  # SentencePiece joint vocabulary
     spm_model_type: Literal["bpe", "unigram"] = "bpe"
     max_tokens: int = 4096  # token budget per batch (source or target, whichever is longer)

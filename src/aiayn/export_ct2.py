@@ -37,7 +37,7 @@ from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.export_dir import check_tokenizer, staged_dir, write_export_meta
 from aiayn.model import DecoderLayer, EncoderLayer, Transformer
-from aiayn.tokenizer import Tokenizer
+from aiayn.tokenizer import JointTokenizer, MarianTokenizer, Tokenizer
 from aiayn.translate import saved_decode_config
 
 if TYPE_CHECKING:
@@ -97,6 +97,17 @@ def vocabulary(tok: Tokenizer, cfg: ModelConfig) -> list[str]:
         raise ConfigError(f"the vocabulary holds the piece {dup!r} twice; CTranslate2 needs "
                           "unique token strings")  # fmt: skip
     return pieces
+
+
+def _unk_token(tok: Tokenizer, vocab: list[str]) -> str:
+    """The unknown token's string (CTranslate2 needs one in the vocabulary)."""
+    if isinstance(tok, JointTokenizer):
+        return vocab[tok.sp.unk_id()]
+    if isinstance(tok, MarianTokenizer):
+        return vocab[tok.unk_id]
+    if "<unk>" in vocab:
+        return "<unk>"
+    raise ConfigError("the vocabulary has no unknown token; CTranslate2 needs one")
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -178,7 +189,7 @@ def transformer_spec(model: Transformer, tok: Tokenizer) -> TransformerSpec:
     spec.config.bos_token = vocab[cfg.bos_id]
     spec.config.decoder_start_token = vocab[cfg.bos_id]  # the decoder starts from BOS
     spec.config.eos_token = vocab[cfg.eos_id]
-    spec.config.unk_token = vocab[tok.sp.unk_id()]
+    spec.config.unk_token = _unk_token(tok, vocab)
     try:
         spec.validate()
     except ValueError as e:  # a variable left unset: a bug here, said in one line
