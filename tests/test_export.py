@@ -390,3 +390,46 @@ def test_cli_engine_refuses_what_it_cannot_honour(
                     else argv) == 2, argv  # fmt: skip
         err = capsys.readouterr().err
         assert message in err and len(err.splitlines()) == 1, err
+
+
+# --- an imported OPUS-MT (Marian) model -------------------------------------------------------
+
+
+def test_an_imported_marian_model_exports_to_both_engines(tmp_path: Path) -> None:
+    """`aiayn import marian` then `aiayn export`: Marian's tokenizer (two SentencePiece models,
+    one vocab.json, PAD as the decoder start), swish, the halves table and the logits bias, on
+    a random MarianMT saved here (tests/test_marian.py): CTranslate2's log-probabilities within
+    1e-4 and its greedy lines; ONNX's greedy and beam lines."""
+    pytest.importorskip("transformers", reason="transformers builds the MarianMT directory")
+    from test_marian import SOURCES as DE_SOURCES
+    from test_marian import make_marian_dir
+
+    from aiayn.marian import import_marian
+
+    import_marian(make_marian_dir(tmp_path / "hf"), tmp_path / "imported")
+    model_dir = tmp_path / "imported"
+    tok = Tokenizer.load(model_dir)
+    from aiayn.checkpoint import load_model_dir
+
+    model = load_model_dir(model_dir, expect=Transformer)
+    cfg = DecodeConfig(beam_size=4, alpha=0.6, max_len_a=0.0, max_len_b=12)
+    lines = ["", *DE_SOURCES, "  "]
+    ours = Translator.load(model_dir, cfg, device="cpu", dtype="fp32")
+    ct2_dir = export_ctranslate2(model_dir, tmp_path / "ct2")
+    engine = ct2.Translator(str(ct2_dir), intra_threads=1)
+    src = tok.encode_batch(DE_SOURCES)
+    tgt = tok.encode_batch(["the man runs in the park.", "a small dog.", "red", "a", "b"],
+                           side="target")  # fmt: skip
+    scored = engine.score_batch(
+        [tok.pieces(s) for s in src], [tok.pieces(t[:-1]) for t in tgt], max_input_length=0
+    )
+    for s, t, r in zip(src, tgt, scored, strict=True):
+        with torch.no_grad():
+            logits = model(torch.tensor([s]), torch.tensor([[model.cfg.bos_id, *t[:-1]]]))
+        expected = logits.log_softmax(-1)[0, torch.arange(len(t)), torch.tensor(t)]
+        torch.testing.assert_close(torch.tensor(r.log_probs), expected, rtol=0, atol=1e-4)
+    theirs = load_translator(ct2_dir, cfg, threads=1)
+    assert theirs.translate(lines, beam=1) == ours.translate(lines, beam=1)
+    onnx = load_translator(export_onnx(model_dir, tmp_path / "onnx"), cfg, threads=1)
+    for beam in (1, 4):
+        assert onnx.translate(lines, beam=beam) == ours.translate(lines, beam=beam)
