@@ -21,6 +21,8 @@ LAYERS = [
     "tokenizer", "data", "checkpoint", "marian", "synthetic",
     # using a model
     "decode", "translate", "train",
+    # exporting it to other engines, and running the exports
+    "export_dir", "export_ct2", "export_onnx", "engines",
     # the glass box
     "explain", "explain_seed", "explain_render", "viz", "viz_html",
     # entry points

@@ -49,8 +49,14 @@ def _add_info(sub: argparse._SubParsersAction) -> None:
 def _run_info(args: argparse.Namespace) -> int:
     from aiayn.checkpoint import load_model_dir
     from aiayn.config import ModelConfig, to_dict
+    from aiayn.export_dir import is_export_dir, read_export_meta
     from aiayn.model import Transformer, count_parameters
 
+    if args.model is not None and is_export_dir(args.model):  # aiayn export wrote it
+        meta = read_export_meta(args.model)
+        keys = ("engine", "quantization", "architecture", "files", "versions", "source_model")
+        print(json.dumps({**{k: meta.get(k) for k in keys}, "config": meta["model"]}, indent=2))
+        return 0
     model = (Transformer(ModelConfig.preset(args.preset, vocab_size=args.vocab_size))
              if args.preset else load_model_dir(args.model))  # fmt: skip
     info = {
@@ -104,7 +110,10 @@ if TYPE_CHECKING:  # imported lazily at run time: `aiayn --help` stays fast
 def _add_search_flags(p: argparse.ArgumentParser) -> None:
     # Search flags default to None: "the model's own settings", i.e. the [decode] table of the
     # run that made it (docs/decoding.md), falling back to the paper's beam 4, alpha 0.6.
-    p.add_argument("--model", type=Path, required=True, help="a model directory (aiayn train)")
+    p.add_argument(
+        "--model", type=Path, required=True,
+        help="a model directory (aiayn train), or one written by aiayn export (runs in its engine)",
+    )  # fmt: skip
     p.add_argument("--beam", type=int, help="beam size; 1 = greedy (default: the model's, or 4)")
     p.add_argument("--alpha", type=float, help="length penalty α (default: the model's, or 0.6)")
     p.add_argument("--min-len", type=int, help="no EOS before this many tokens (default 0)")
@@ -112,7 +121,8 @@ def _add_search_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-len-b", type=int, help="(default 50)")
     _add_sampling_flags(p, "--top-k", "sample instead of searching")
     p.add_argument("--batch-tokens", type=int, default=2048, help="source tokens per batch")
-    p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch (or the export's engine) threads; 0 = its default")  # fmt: skip
     _add_device_flag(p)
     _add_dtype_flag(p)
 
@@ -153,16 +163,24 @@ def _decode_setup(args: argparse.Namespace) -> tuple[Translator, DecodeConfig]:
     import torch
 
     from aiayn.decode import check_decode_config
+    from aiayn.engines import exported_decode_config, load_translator
+    from aiayn.export_dir import is_export_dir
     from aiayn.translate import Translator, saved_decode_config
 
     given = _given_search_settings(args, _SEARCH_FLAGS)
-    cfg = dataclasses.replace(saved_decode_config(args.model), **given)
+    exported = is_export_dir(args.model)
+    saved = exported_decode_config(args.model) if exported else saved_decode_config(args.model)
+    cfg = dataclasses.replace(saved, **given)
     check_decode_config(cfg)
     if args.batch_tokens < 1:
         raise AiaynError(f"--batch-tokens must be at least 1, got {args.batch_tokens}")
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="aiayn: %(message)s")  # show warnings
+    if exported:  # aiayn export wrote it: CTranslate2 or ONNX Runtime runs it (docs/export.md)
+        translator = load_translator(args.model, cfg, device=args.device, dtype=args.dtype,
+                                     threads=args.threads)  # fmt: skip
+        return translator, cfg
     return Translator.load(args.model, cfg, device=args.device, dtype=args.dtype), cfg
 
 
@@ -337,6 +355,7 @@ def _run_explain(args: argparse.Namespace) -> int:
     else:
         if args.model is None or not args.sentence:
             raise AiaynError("give --model DIR and a sentence (or --seed-example)")
+        _refuse_export_dir(args.model, "explain")
         view = View(
             parse_indices(args.layers),
             parse_indices(args.heads),
@@ -391,6 +410,7 @@ def _run_attend(args: argparse.Namespace) -> int:
         )
     if not existing.is_dir():
         raise AiaynError(f"--out {args.out}: {existing} is a file, not a directory")
+    _refuse_export_dir(args.model, "attend")
     sentences = list(args.sentences)
     if args.input:
         sentences += [s for s in args.input.read_text(encoding="utf-8").splitlines() if s.strip()]
@@ -577,6 +597,56 @@ def _run_quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- export (docs/export.md) ---------------------------------------------------------------------
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export", help="write a model for another engine: CTranslate2 (int8) or ONNX Runtime"
+    )
+    engines = p.add_subparsers(dest="engine", required=True, metavar="ENGINE")
+    c = engines.add_parser(
+        "ctranslate2",
+        help="a CTranslate2 model (+ tokenizer); translate/evaluate --model OUT run it",
+    )
+    c.add_argument(
+        "--quantization", choices=("float32", "int8", "int16", "bfloat16"), default="float32",
+        help="weight type (default float32; int8 is the fast one on a CPU)",
+    )  # fmt: skip
+    o = engines.add_parser(
+        "onnx", help="encoder + decoder-with-past ONNX graphs; translate/evaluate run them"
+    )
+    for q in (c, o):
+        q.add_argument("--model", type=Path, required=True, help="an aiayn model directory")
+        q.add_argument("--out", type=Path, required=True, help="a new (or empty) directory")
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    if args.engine == "ctranslate2":
+        from aiayn.export_ct2 import export_ctranslate2
+
+        out = export_ctranslate2(args.model, args.out, args.quantization)
+        what = f"CTranslate2 ({args.quantization})"
+    else:
+        from aiayn.export_onnx import export_onnx
+
+        out = export_onnx(args.model, args.out)
+        what = "ONNX (encoder.onnx, decoder.onnx)"
+    print(f"exported {args.model} as {what} to {out}; run it: aiayn translate --model {out}")
+    return 0
+
+
+def _refuse_export_dir(directory: Path | None, command: str) -> None:
+    """The glass box needs aiayn's own model: say so for an exported directory."""
+    from aiayn.export_dir import is_export_dir
+
+    if directory is not None and is_export_dir(directory):
+        raise AiaynError(
+            f"{command} needs an aiayn model directory; {directory} was written by aiayn "
+            "export (translate and evaluate run it)"
+        )
+
+
 # --- serve (docs/serving.md) ----------------------------------------------------------------------
 
 
@@ -659,6 +729,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable
     "evaluate": (_add_evaluate, _run_evaluate),
     "train": (_add_train, _run_train),
     "average": (_add_average, _run_average),
+    "export": (_add_export, _run_export),
     "import": (_add_import, _run_import),
     "quickstart": (_add_quickstart, _run_quickstart),
     "serve": (_add_serve, _run_serve),
