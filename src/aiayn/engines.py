@@ -34,7 +34,7 @@ import torch
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.decode import Hypothesis, check_decode_config, length_penalty, max_output_lengths
 from aiayn.device import choose_precision
-from aiayn.errors import CheckpointError, ConfigError, DataError
+from aiayn.errors import CheckpointError, ConfigError
 from aiayn.export_ct2 import import_ctranslate2, vocabulary
 from aiayn.export_dir import (
     check_tokenizer,
@@ -44,7 +44,7 @@ from aiayn.export_dir import (
 )
 from aiayn.export_onnx import OnnxModel
 from aiayn.tokenizer import Tokenizer
-from aiayn.translate import Translation, Translator, one_line
+from aiayn.translate import Translation, Translator
 
 # CTranslate2 divides a finished hypothesis's log-probability by |Y| ** length_penalty; at
 # exactly 0 its beam search also stops when the best beam ends. 1e-30 keeps |Y| ** x == 1.0f
@@ -133,28 +133,26 @@ class Ct2Translator(Translator):
         first_line_no: int = 1,
     ) -> list[list[Translation]]:
         """The `cfg.nbest` best translations of each line (one for an empty line), best first."""
-        check_decode_config(cfg)
         check_ct2_settings(cfg)
-        if batch_tokens < 1:
-            raise DataError(f"batch_tokens must be at least 1, got {batch_tokens}")
-        results: list[list[Translation]] = [
-            [Translation("", Hypothesis([], 0.0, 0.0, True))] for _ in lines
-        ]
-        todo = [i for i, line in enumerate(lines) if line.strip()]
-        ids = self.tokenizer.encode_batch([lines[i].strip() for i in todo])
-        ids = [self._fit(x, first_line_no + i) for x, i in zip(ids, todo, strict=True)]
+        return super().translate_hyps(
+            lines, cfg, batch_tokens=batch_tokens, first_line_no=first_line_no
+        )
+
+    def _search(
+        self, ids: list[list[int]], line_nos: list[int], cfg: DecodeConfig, batch_tokens: int
+    ) -> list[list[Hypothesis]]:
+        """CTranslate2's search, one call per output-length limit (its limit is per call)."""
         lengths = torch.tensor([len(x) for x in ids], dtype=torch.long)
         limits = max_output_lengths(lengths, cfg.max_len_a, cfg.max_len_b, self.model.cfg.max_len)
         by_limit: dict[int, list[int]] = {}
         for j, limit in enumerate(limits.tolist()):
             by_limit.setdefault(limit, []).append(j)
+        found: list[list[Hypothesis]] = [[] for _ in ids]
         for limit, group in sorted(by_limit.items()):
-            found = self.model.search([ids[j] for j in group], cfg, limit, batch_tokens)
-            for j, hyps in zip(group, found, strict=True):
-                results[todo[j]] = [
-                    Translation(one_line(self.tokenizer.decode(h.tokens)), h) for h in hyps
-                ]
-        return results
+            hyps = self.model.search([ids[j] for j in group], cfg, limit, batch_tokens)
+            for j, h in zip(group, hyps, strict=True):
+                found[j] = h
+        return found
 
 
 def check_ct2_settings(cfg: DecodeConfig) -> None:

@@ -183,19 +183,29 @@ class Translator:
         ]
         todo = [i for i, line in enumerate(lines) if line.strip()]
         ids = self.tokenizer.encode_batch([lines[i].strip() for i in todo])
-        ids = [self._fit(x, first_line_no + i) for x, i in zip(ids, todo, strict=True)]
+        line_nos = [first_line_no + i for i in todo]
+        ids = [self._fit(x, n) for x, n in zip(ids, line_nos, strict=True)]
+        found = self._search(ids, line_nos, cfg, batch_tokens)
+        for i, hyps in zip(todo, found, strict=True):
+            results[i] = [Translation(one_line(self.tokenizer.decode(h.tokens)), h) for h in hyps]
+        return results
+
+    def _search(
+        self, ids: list[list[int]], line_nos: list[int], cfg: DecodeConfig, batch_tokens: int
+    ) -> list[list[Hypothesis]]:
+        """The hypotheses of each encoded line, in order: token-budget batches through
+        `aiayn.decode` (an exported model's translator replaces only this)."""
+        found: list[list[Hypothesis]] = [[] for _ in ids]
         for batch in token_budget_batches([len(x) for x in ids], batch_tokens):
             src_BS = self._pad([ids[j] for j in batch])
             # Each sentence samples from its own stream, seeded by its line number, so batching
             # and buffering do not change what it draws.
-            seeds = [sample_seed(cfg.seed, first_line_no + todo[j]) for j in batch]
+            seeds = [sample_seed(cfg.seed, line_nos[j]) for j in batch]
             with self.precision.autocast():
-                found = search(self.model, src_BS, cfg, row_seeds=seeds)
-            for j, hyps in zip(batch, found, strict=True):
-                results[todo[j]] = [
-                    Translation(one_line(self.tokenizer.decode(h.tokens)), h) for h in hyps
-                ]
-        return results
+                hyps = search(self.model, src_BS, cfg, row_seeds=seeds)
+            for j, h in zip(batch, hyps, strict=True):
+                found[j] = h
+        return found
 
     def translate_stream(
         self,
