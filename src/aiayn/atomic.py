@@ -8,7 +8,10 @@ way, the temporary file is removed and the old file is left as it was.
 Permissions follow what a plain `open(path, "w")` would give: a new file gets
 `0o666 & ~umask`, and a replaced file keeps its mode. (`tempfile.mkstemp` would give 0600.)
 
-A leaf module: it imports nothing from aiayn, so anything may use it without pulling in torch.
+A directory is written the same way (`atomic_dir`): filled under a temporary sibling name and
+renamed into place, so an exported or imported model directory is complete or absent.
+
+A leaf module: it imports only `aiayn.errors`, so anything may use it without pulling in torch.
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, TextIO, cast
+
+from aiayn.errors import ConfigError
 
 
 def _create_temp(path: Path) -> tuple[int, Path]:
@@ -59,6 +65,36 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def check_new_dir(out: Path) -> None:
+    """Refuse a `--out` that exists and is not an empty directory (before any work starts)."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ConfigError(f"--out {out} exists and is not a directory; choose a new directory")
+    if out.is_dir() and any(out.iterdir()):
+        raise ConfigError(f"--out {out} exists and is not empty; choose a new directory")
+
+
+@contextmanager
+def atomic_dir(out: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling of `out` to fill; rename it to `out` when the block succeeds.
+
+    Any exception (a failed conversion, Ctrl-C) removes the temporary directory and leaves
+    `out` as it was. An empty `out` is replaced (a directory rename may replace an empty one).
+    The new directory gets the mode any new directory would (0o777 less the umask).
+    """
+    out = Path(out)
+    check_new_dir(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name[:200]}.{secrets.token_hex(6)}.tmp"
+    tmp.mkdir()
+    try:
+        yield tmp
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(out.parent)
 
 
 @contextmanager

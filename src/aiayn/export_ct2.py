@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from aiayn.atomic import atomic_dir, check_new_dir
 from aiayn.checkpoint import load_model_dir
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError, ConfigError
-from aiayn.export_dir import check_tokenizer, staged_dir, write_export_meta
+from aiayn.export_dir import check_tokenizer, write_export_meta
 from aiayn.model import DecoderLayer, EncoderLayer, Transformer
 from aiayn.tokenizer import JointTokenizer, MarianTokenizer, Tokenizer
 from aiayn.translate import saved_decode_config
@@ -206,16 +207,15 @@ def export_ctranslate2(model_dir: Path, out: Path, quantization: str = "float32"
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"--quantization {quantization!r}: choose one of {list(QUANTIZATIONS)}")
     ct2 = import_ctranslate2()
-    from aiayn.export_dir import check_new_out
 
-    check_new_out(out)  # before anything is loaded
+    check_new_dir(out)  # before anything is loaded
     model = load_model_dir(model_dir, expect=Transformer)
     tok = Tokenizer.load(model_dir)
     check_tokenizer(tok, model.cfg, model_dir)
     decode = saved_decode_config(model_dir)
     spec = transformer_spec(model, tok)
     spec.optimize(quantization=quantization)
-    with staged_dir(out) as tmp:
+    with atomic_dir(out) as tmp:
         spec.save(str(tmp))
         tok.save(tmp)
         write_export_meta(

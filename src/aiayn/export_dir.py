@@ -12,16 +12,11 @@ OUT is either complete or absent; an OUT that exists and is not empty is refused
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import secrets
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from aiayn.atomic import atomic_write_json, fsync_dir
+from aiayn.atomic import atomic_write_json
 from aiayn.config import DecodeConfig, ModelConfig, from_dict, to_dict
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.tokenizer import Tokenizer
@@ -50,36 +45,6 @@ def check_tokenizer(tokenizer: Tokenizer, cfg: ModelConfig, directory: Path) -> 
             f"{directory}: tokenizer special ids {tokenizer.special_ids} differ from the "
             f"model's {model_ids}"
         )
-
-
-def check_new_out(out: Path) -> None:
-    """Refuse an export target that exists and is not an empty directory (nothing is written)."""
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise ConfigError(f"--out {out} exists and is not a directory; choose a new directory")
-    if out.is_dir() and any(out.iterdir()):
-        raise ConfigError(f"--out {out} exists and is not empty; choose a new directory")
-    if not out.parent.is_dir():
-        raise ConfigError(f"--out {out}: its parent directory {out.parent} does not exist")
-
-
-@contextlib.contextmanager
-def staged_dir(out: Path) -> Iterator[Path]:
-    """Yield a temporary sibling of `out` to fill; rename it to `out` when the block succeeds.
-
-    Any exception (a failed conversion, Ctrl-C) removes the temporary directory and leaves
-    `out` as it was. An empty `out` is replaced (a directory rename may replace an empty one).
-    """
-    out = Path(out)
-    check_new_out(out)
-    tmp = out.parent / f".{out.name[:200]}.{secrets.token_hex(6)}.tmp"
-    tmp.mkdir()
-    try:
-        yield tmp
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fsync_dir(out.parent)
 
 
 def write_export_meta(

@@ -29,10 +29,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from aiayn.atomic import atomic_dir, check_new_dir
 from aiayn.checkpoint import load_model_dir
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
-from aiayn.export_dir import check_tokenizer, staged_dir, write_export_meta
+from aiayn.export_dir import check_tokenizer, write_export_meta
 from aiayn.kv_cache import KVCache, Memory
 from aiayn.model import DecoderLayer, Transformer
 from aiayn.tokenizer import Tokenizer
@@ -171,14 +172,13 @@ def export_onnx(model_dir: Path, out: Path) -> Path:
     """`aiayn export onnx`: write encoder.onnx, decoder.onnx, the tokenizer and
     aiayn_export.json for the model in `model_dir` to `out`. Returns `out`."""
     ort = import_onnxruntime()
-    from aiayn.export_dir import check_new_out
 
-    check_new_out(out)  # before anything is loaded
+    check_new_dir(out)  # before anything is loaded
     model = load_model_dir(model_dir, expect=Transformer)
     tok = Tokenizer.load(model_dir)
     check_tokenizer(tok, model.cfg, model_dir)
     decode = saved_decode_config(model_dir)
-    with staged_dir(out) as tmp:
+    with atomic_dir(out) as tmp:
         export_graphs(model, tmp)
         tok.save(tmp)
         write_export_meta(

@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import secrets
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -33,7 +30,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from aiayn.atomic import atomic_write_json, fsync_dir
+from aiayn.atomic import atomic_dir, atomic_write_json, check_new_dir
 from aiayn.checkpoint import check_state_dict, save_model_dir
 from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, ModelConfig, to_dict
 from aiayn.errors import CheckpointError
@@ -342,8 +339,7 @@ def import_marian(hf_dir: str | Path, out: str | Path) -> Imported:
     directory beside `out` and renamed to it, so `out` is either complete or absent.
     """
     hf_dir, out = Path(hf_dir), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise CheckpointError(f"--out {out} exists and is not empty; choose a new directory")
+    check_new_dir(out)
     hf = read_hf_config(hf_dir)
     tok = read_tokenizer(hf_dir, hf)
     tensors = read_weights(hf_dir)
@@ -363,16 +359,8 @@ def import_marian(hf_dir: str | Path, out: str | Path) -> Imported:
         "imported": {"from": "marian", "directory": hf_dir.resolve().name,
                      "source_lang": src_lang, "target_lang": tgt_lang},
     }  # fmt: skip
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.{secrets.token_hex(6)}.tmp"
-    tmp.mkdir()  # like any new directory (mode 0o777 less the umask)
-    try:
+    with atomic_dir(out) as tmp:
         save_model_dir(model, tmp)
         tok.save(tmp)
         atomic_write_json(tmp / RUN_CONFIG_FILE, run_config)
-        os.replace(tmp, out)  # over an empty directory too (POSIX)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fsync_dir(out.parent)
     return Imported(out, cfg, decode, src_lang, tgt_lang)
