@@ -1,6 +1,7 @@
 """Shared fixtures: a derandomised hypothesis profile and a tiny model config."""
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -42,3 +43,41 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("cuda") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def chromium():
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is None:
+        pytest.skip("Chromium not installed (Debian: apt-get install -y chromium); "
+                    "the interactive attention page is not checked in a browser")  # fmt: skip
+    pytest.importorskip("websocket", reason="websocket-client not installed (pip install .[test])")
+    from chromium import Chromium
+
+    browser = Chromium(binary)
+    yield browser
+    browser.close()
+
+
+@pytest.fixture(scope="session")
+def served_model_dir(tmp_path_factory):
+    """A real, briefly trained English -> German numbers model (the quick start's recipe cut to
+    a few steps), with its run config: what `aiayn serve` tests run on."""
+    import dataclasses
+
+    from aiayn.quickstart import quickstart_config
+    from aiayn.synthetic import write_corpus
+    from aiayn.train import train
+
+    out = tmp_path_factory.mktemp("served")
+    data = out / "data"
+    write_corpus(data, "numbers", "en", "de", 1000, 100, 20, seed=1)
+    cfg = quickstart_config(data, out / "model", minutes=0.0, device="cpu")
+    cfg = dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(cfg.model, vocab_size=300),
+        train=dataclasses.replace(cfg.train, vocab_size=300, max_steps=6, max_tokens=1000,
+                                  warmup_steps=3, valid_every=6, save_every=6),
+    )  # fmt: skip
+    train(cfg, progress=False)
+    return out / "model"

@@ -18,13 +18,15 @@ LAYERS = [
     "kv_cache", "attention", "model", "variants", "reference",
     "__init__",  # the package's public names: config, model, variants, tracing
     # text, data, files
-    "tokenizer", "data", "checkpoint", "synthetic",
+    "tokenizer", "data", "checkpoint", "marian", "synthetic",
     # using a model
     "decode", "translate", "train",
+    # exporting it to other engines, and running the exports
+    "export_dir", "export_ct2", "export_onnx", "engines",
     # the glass box
     "explain", "explain_seed", "explain_render", "viz", "viz_html",
     # entry points
-    "quickstart", "cli", "__main__",
+    "quickstart", "serve_batcher", "serve_requests", "serve", "cli", "__main__",
 ]  # fmt: skip
 
 

@@ -224,6 +224,8 @@ VARIANTS = [
     dict(),
     dict(norm_first=True),
     dict(positional="learned", share_embeddings=False, tie_output=False),
+    # Marian's choices (aiayn import marian): swish FFN, sines-then-cosines, a logits bias.
+    dict(activation="swish", positional_layout="halves", logits_bias=True),
 ]
 
 
@@ -236,11 +238,15 @@ def random_batch(cfg, B=3, S=7, T=6, seed=0):
     return src, tgt
 
 
-@pytest.mark.parametrize("overrides", VARIANTS, ids=["post_ln", "pre_ln", "learned_untied"])
+@pytest.mark.parametrize(
+    "overrides", VARIANTS, ids=["post_ln", "pre_ln", "learned_untied", "marian"]
+)
 def test_model_matches_numpy_reference(tiny_cfg, overrides):
     cfg = dataclasses.replace(tiny_cfg, **overrides)
     torch.manual_seed(6)
     model = Transformer(cfg).eval()
+    if cfg.logits_bias:  # zero-initialised: make it count
+        nn.init.normal_(model.generator.bias)
     if cfg.positional == "learned":
         nn.init.normal_(model.src_embed.learned.weight)
         nn.init.normal_(model.tgt_embed.learned.weight)
@@ -253,14 +259,23 @@ def test_model_matches_numpy_reference(tiny_cfg, overrides):
     np.testing.assert_allclose(got[tgt_real], expected[tgt_real], rtol=1e-5, atol=1e-5)
 
 
-def test_reference_positional_encoding_matches_model():
+@pytest.mark.parametrize("layout", ["interleaved", "halves"])
+def test_reference_positional_encoding_matches_model(layout):
     from aiayn.model import sinusoidal_positions
 
     np.testing.assert_allclose(
-        sinusoidal_positions(50, 12).double().numpy(),
-        reference.positional_encoding(50, 12),
+        sinusoidal_positions(50, 12, layout).double().numpy(),
+        reference.positional_encoding(50, 12, layout),
         atol=1e-6,
     )
+
+
+def test_halves_layout_is_the_interleaved_table_with_its_columns_permuted():
+    from aiayn.model import sinusoidal_positions
+
+    inter, halves = sinusoidal_positions(40, 16), sinusoidal_positions(40, 16, "halves")
+    torch.testing.assert_close(halves[:, :8], inter[:, 0::2], rtol=0, atol=0)
+    torch.testing.assert_close(halves[:, 8:], inter[:, 1::2], rtol=0, atol=0)
 
 
 # --- invariants -----------------------------------------------------------------------------------
@@ -522,7 +537,9 @@ def test_linear_fast_path_matches_and_sees_weight_updates():
     with torch.no_grad():
         torch.testing.assert_close(lin(x), expected, **TOL)
         torch.testing.assert_close(lin(x, rows=(8, 24)), expected[:, 8:], **TOL)
-        torch.testing.assert_close(lin(x, relu=True), expected.relu(), **TOL)
+        torch.testing.assert_close(lin(x, activation="relu"), expected.relu(), **TOL)
+        swish = torch.nn.functional.silu(expected)
+        torch.testing.assert_close(lin(x, activation="swish"), swish, **TOL)
         lin.weight.add_(1.0)  # an optimizer step: the packed copy must be rebuilt
         torch.testing.assert_close(
             lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias), **TOL

@@ -11,6 +11,8 @@ Mask convention, everywhere in aiayn: a bool tensor where True = "may attend" (a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +30,15 @@ _ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(
     torch.ops.mkldnn, "_linear_pointwise"
 )
 
+# The activations a Linear can fuse, by oneDNN's names: ReLU is the paper's FFN (§3.3), swish
+# (SiLU, x * sigmoid(x)) is what Marian's OPUS-MT models use.
+Activation = Literal["none", "relu", "swish"]
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "none": lambda x: x,
+    "relu": F.relu,
+    "swish": F.silu,
+}
+
 
 class Linear(nn.Linear):
     """`nn.Linear` (same parameters, same state dict) with two extras for inference:
@@ -44,7 +55,7 @@ class Linear(nn.Linear):
         self._packed: dict[tuple[int, int], tuple[tuple[int, int], Tensor]] = {}
 
     def forward(
-        self, x: Tensor, rows: tuple[int, int] | None = None, *, relu: bool = False
+        self, x: Tensor, rows: tuple[int, int] | None = None, *, activation: Activation = "none"
     ) -> Tensor:
         start, end = rows if rows is not None else (0, self.out_features)
         weight = self.weight if rows is None else self.weight[start:end]
@@ -57,11 +68,8 @@ class Linear(nn.Linear):
             and not weight.is_inference()  # no version counter: changes could not be seen
         ):
             packed = self._packed_weight(start, end, weight)
-            return torch.ops.mkldnn._linear_pointwise(
-                x, packed, bias, "relu" if relu else "none", [], ""
-            )
-        out = F.linear(x, weight, bias)
-        return F.relu(out) if relu else out
+            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, activation, [], "")
+        return ACTIVATIONS[activation](F.linear(x, weight, bias))
 
     def _packed_weight(self, start: int, end: int, weight: Tensor) -> Tensor:
         stamp = (self.weight._version, self.weight.data_ptr())

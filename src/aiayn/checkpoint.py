@@ -33,7 +33,7 @@ from aiayn.config import RUN_CONFIG_FILE, Config, ModelConfig, TrainConfig, from
 from aiayn.distributed import Dist
 from aiayn.errors import CheckpointError, ConfigError, DataError
 from aiayn.model import _ModelBase
-from aiayn.tokenizer import TOKENIZER_FILE
+from aiayn.tokenizer import TOKENIZER_FILES
 from aiayn.variants import MODEL_CLASSES
 
 log = logging.getLogger(__name__)
@@ -404,10 +404,13 @@ def write_average(dirs: list[Path], out: str | Path) -> Path:
     first = Path(dirs[0])
     # The tokenizer and the run's recipe (whose [decode] table gives the model its search
     # settings) sit in a model dir, or in the run dir above a checkpoint.
-    for name in ("tokenizer.model", RUN_CONFIG_FILE):
+    # The tokenizer's files (one, or Marian's three) are taken together from one place.
+    for names in (TOKENIZER_FILES, (RUN_CONFIG_FILE,)):
         for place in (first, first.parent.parent):
-            if (place / name).is_file():
+            found = [name for name in names if (place / name).is_file()]
+            for name in found:
                 atomic_write_bytes(out / name, (place / name).read_bytes())
+            if found:
                 break
     return out
 
@@ -495,7 +498,7 @@ def restore_rng(tensors: dict[str, Tensor], device: torch.device) -> None:
 # --- the run directory ----------------------------------------------------------------------------
 
 AVERAGED_DIR = "averaged"  # the averaged model a cosine_budget run writes at its end
-_OWN_FILES = {TOKENIZER_FILE, RUN_CONFIG_FILE, METRICS_FILE, CHECKPOINTS_DIR}
+_OWN_FILES = {*TOKENIZER_FILES, RUN_CONFIG_FILE, METRICS_FILE, CHECKPOINTS_DIR}
 
 
 def find_resume(out: Path) -> Path | None:

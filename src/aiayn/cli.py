@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -48,8 +49,14 @@ def _add_info(sub: argparse._SubParsersAction) -> None:
 def _run_info(args: argparse.Namespace) -> int:
     from aiayn.checkpoint import load_model_dir
     from aiayn.config import ModelConfig, to_dict
+    from aiayn.export_dir import is_export_dir, read_export_meta
     from aiayn.model import Transformer, count_parameters
 
+    if args.model is not None and is_export_dir(args.model):  # aiayn export wrote it
+        meta = read_export_meta(args.model)
+        keys = ("engine", "quantization", "architecture", "files", "versions", "source_model")
+        print(json.dumps({**{k: meta.get(k) for k in keys}, "config": meta["model"]}, indent=2))
+        return 0
     model = (Transformer(ModelConfig.preset(args.preset, vocab_size=args.vocab_size))
              if args.preset else load_model_dir(args.model))  # fmt: skip
     info = {
@@ -103,7 +110,10 @@ if TYPE_CHECKING:  # imported lazily at run time: `aiayn --help` stays fast
 def _add_search_flags(p: argparse.ArgumentParser) -> None:
     # Search flags default to None: "the model's own settings", i.e. the [decode] table of the
     # run that made it (docs/decoding.md), falling back to the paper's beam 4, alpha 0.6.
-    p.add_argument("--model", type=Path, required=True, help="a model directory (aiayn train)")
+    p.add_argument(
+        "--model", type=Path, required=True,
+        help="a model directory (aiayn train), or one written by aiayn export (runs in its engine)",
+    )  # fmt: skip
     p.add_argument("--beam", type=int, help="beam size; 1 = greedy (default: the model's, or 4)")
     p.add_argument("--alpha", type=float, help="length penalty α (default: the model's, or 0.6)")
     p.add_argument("--min-len", type=int, help="no EOS before this many tokens (default 0)")
@@ -111,7 +121,8 @@ def _add_search_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-len-b", type=int, help="(default 50)")
     _add_sampling_flags(p, "--top-k", "sample instead of searching")
     p.add_argument("--batch-tokens", type=int, default=2048, help="source tokens per batch")
-    p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch (or the export's engine) threads; 0 = its default")  # fmt: skip
     _add_device_flag(p)
     _add_dtype_flag(p)
 
@@ -152,16 +163,24 @@ def _decode_setup(args: argparse.Namespace) -> tuple[Translator, DecodeConfig]:
     import torch
 
     from aiayn.decode import check_decode_config
+    from aiayn.engines import exported_decode_config, load_translator
+    from aiayn.export_dir import is_export_dir
     from aiayn.translate import Translator, saved_decode_config
 
     given = _given_search_settings(args, _SEARCH_FLAGS)
-    cfg = dataclasses.replace(saved_decode_config(args.model), **given)
+    exported = is_export_dir(args.model)
+    saved = exported_decode_config(args.model) if exported else saved_decode_config(args.model)
+    cfg = dataclasses.replace(saved, **given)
     check_decode_config(cfg)
     if args.batch_tokens < 1:
         raise AiaynError(f"--batch-tokens must be at least 1, got {args.batch_tokens}")
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="aiayn: %(message)s")  # show warnings
+    if exported:  # aiayn export wrote it: CTranslate2 or ONNX Runtime runs it (docs/export.md)
+        translator = load_translator(args.model, cfg, device=args.device, dtype=args.dtype,
+                                     threads=args.threads)  # fmt: skip
+        return translator, cfg
     return Translator.load(args.model, cfg, device=args.device, dtype=args.dtype), cfg
 
 
@@ -336,6 +355,7 @@ def _run_explain(args: argparse.Namespace) -> int:
     else:
         if args.model is None or not args.sentence:
             raise AiaynError("give --model DIR and a sentence (or --seed-example)")
+        _refuse_export_dir(args.model, "explain")
         view = View(
             parse_indices(args.layers),
             parse_indices(args.heads),
@@ -390,6 +410,7 @@ def _run_attend(args: argparse.Namespace) -> int:
         )
     if not existing.is_dir():
         raise AiaynError(f"--out {args.out}: {existing} is a file, not a directory")
+    _refuse_export_dir(args.model, "attend")
     sentences = list(args.sentences)
     if args.input:
         sentences += [s for s in args.input.read_text(encoding="utf-8").splitlines() if s.strip()]
@@ -502,6 +523,39 @@ def _run_average(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- import (docs/import.md) ----------------------------------------------------------------------
+
+
+def _add_import(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("import", help="open another toolkit's model as an aiayn model directory")
+    import_sub = p.add_subparsers(dest="import_command", required=True, metavar="FORMAT")
+    m = import_sub.add_parser(
+        "marian",
+        help="a local Hugging Face MarianMT (OPUS-MT) directory (docs/import.md)",
+        description="Convert HF_DIR (config.json, model.safetensors, source.spm, target.spm, "
+        "vocab.json) into a new aiayn model directory that translate, evaluate, explain, "
+        "attend, average and train (train.init_from) accept. Nothing is downloaded.",
+    )
+    m.add_argument("hf_dir", type=Path, metavar="HF_DIR", help="the Hugging Face directory")
+    m.add_argument("--out", type=Path, required=True, help="new model directory (must not exist "
+                   "or be empty)")  # fmt: skip
+
+
+def _run_import(args: argparse.Namespace) -> int:
+    from aiayn.marian import import_marian
+
+    done = import_marian(args.hf_dir, args.out)
+    cfg, dec = done.model, done.decode
+    langs = f"{done.source_lang or '?'} -> {done.target_lang or '?'}"
+    print(
+        f"imported {args.hf_dir} ({langs}) into {done.out}: d_model {cfg.d_model}, "
+        f"{cfg.n_layers}+{cfg.n_layers} layers, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
+        f"vocabulary {cfg.vocab_size}, {cfg.activation} FFN; search: beam {dec.beam_size}, "
+        f"alpha {dec.alpha:g}"
+    )
+    return 0
+
+
 # --- quickstart -----------------------------------------------------------------------------------
 
 
@@ -543,6 +597,126 @@ def _run_quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- export (docs/export.md) ---------------------------------------------------------------------
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export", help="write a model for another engine: CTranslate2 (int8) or ONNX Runtime"
+    )
+    engines = p.add_subparsers(dest="engine", required=True, metavar="ENGINE")
+    c = engines.add_parser(
+        "ctranslate2",
+        help="a CTranslate2 model (+ tokenizer); translate/evaluate --model OUT run it",
+    )
+    c.add_argument(
+        "--quantization", choices=("float32", "int8", "int16", "bfloat16"), default="float32",
+        help="weight type (default float32; int8 is the fast one on a CPU)",
+    )  # fmt: skip
+    o = engines.add_parser(
+        "onnx", help="encoder + decoder-with-past ONNX graphs; translate/evaluate run them"
+    )
+    for q in (c, o):
+        q.add_argument("--model", type=Path, required=True, help="an aiayn model directory")
+        q.add_argument("--out", type=Path, required=True, help="a new (or empty) directory")
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    if args.engine == "ctranslate2":
+        from aiayn.export_ct2 import export_ctranslate2
+
+        out = export_ctranslate2(args.model, args.out, args.quantization)
+        what = f"CTranslate2 ({args.quantization})"
+    else:
+        from aiayn.export_onnx import export_onnx
+
+        out = export_onnx(args.model, args.out)
+        what = "ONNX (encoder.onnx, decoder.onnx)"
+    print(f"exported {args.model} as {what} to {out}; run it: aiayn translate --model {out}")
+    return 0
+
+
+def _refuse_export_dir(directory: Path | None, command: str) -> None:
+    """The glass box needs aiayn's own model: say so for an exported directory."""
+    from aiayn.export_dir import is_export_dir
+
+    if directory is not None and is_export_dir(directory):
+        raise AiaynError(
+            f"{command} needs an aiayn model directory; {directory} was written by aiayn "
+            "export (translate and evaluate run it)"
+        )
+
+
+# --- serve (docs/serving.md) ----------------------------------------------------------------------
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="an HTTP translation server (LibreTranslate-compatible) and the live glass box page",
+        description="Serve a model directory over HTTP: GET / is the glass box page, POST "
+        "/translate speaks LibreTranslate's API, /v1/translate and /v1/explain are aiayn's own, "
+        "/metrics is Prometheus. Needs the serve extra: pip install -e '.[serve]'.",
+    )
+    p.add_argument("--model", type=Path, required=True, help="a model directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
+                   "any other needs an API key)")  # fmt: skip
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free)")
+    p.add_argument("--api-key", default=os.environ.get("AIAYN_API_KEY"),
+                   help="needed on every request but /health (default $AIAYN_API_KEY)")  # fmt: skip
+    p.add_argument("--max-chars-per-request", type=int, default=20_000, help="(default 20000)")
+    p.add_argument("--max-chars-per-sentence", type=int, default=1_000, help="(default 1000)")
+    p.add_argument("--max-sentences", type=int, default=128, help="per request (default 128)")
+    p.add_argument("--max-beam", type=int, default=8, help="largest beam/nbest (default 8)")
+    p.add_argument("--timeout", type=float, default=30.0,
+                   help="seconds a request may take, queueing included (default 30)")  # fmt: skip
+    p.add_argument("--window-ms", type=float, default=10.0,
+                   help="how long the model waits to batch requests (default 10)")  # fmt: skip
+    p.add_argument("--batch-tokens", type=int, default=2048, help="source tokens per batch")
+    p.add_argument("--max-queue", type=int, default=1000,
+                   help="requests waiting before 503 busy (default 1000)")  # fmt: skip
+    p.add_argument("--source-lang", help="the model's source language code (default: from "
+                   "the training files' suffixes, e.g. train.en; none = accept any)")  # fmt: skip
+    p.add_argument("--target-lang", help="the model's target language code")
+    p.add_argument("--examples", type=Path, help="a file of example sentences for the page")
+    p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
+    p.add_argument("--no-access-log", action="store_true", help="no line per request")
+    _add_device_flag(p)
+    _add_dtype_flag(p)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    try:
+        from aiayn.serve import Limits, ServeOptions, serve
+    except ImportError as e:  # the serve extra is optional
+        raise AiaynError(f"serve needs the serve extra (pip install -e '.[serve]'): {e}") from None
+    positive = ("max_chars_per_request", "max_chars_per_sentence", "max_sentences", "max_beam",
+                "timeout", "batch_tokens", "max_queue")  # fmt: skip
+    for name in positive:
+        if getattr(args, name) <= 0:
+            raise AiaynError(f"--{name.replace('_', '-')} must be positive")
+    if args.window_ms < 0 or args.threads < 0 or not 0 <= args.port < 65536:
+        raise AiaynError("--window-ms and --threads must be >= 0, --port in 0..65535")
+    if bool(args.source_lang) != bool(args.target_lang):
+        raise AiaynError("give both --source-lang and --target-lang, or neither")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    limits = Limits(args.max_chars_per_request, args.max_chars_per_sentence, args.max_sentences,
+                    args.max_beam, args.timeout)  # fmt: skip
+    opts = ServeOptions(
+        args.host, args.port, args.api_key or None, limits, args.window_ms, args.batch_tokens,
+        args.max_queue, args.source_lang, args.target_lang, args.examples,
+        access_log=not args.no_access_log,
+    )  # fmt: skip
+    counts = serve(args.model, opts, device=args.device, dtype=args.dtype,
+                   announce=lambda line: print(line, flush=True))  # fmt: skip
+    print(f"aiayn serve: stopped; answered {counts['answered']} of {counts['accepted']} "
+          "accepted requests", flush=True)  # fmt: skip
+    return 0
+
+
 # --- main -----------------------------------------------------------------------------------------
 
 COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable[..., int]]] = {
@@ -555,7 +729,10 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable
     "evaluate": (_add_evaluate, _run_evaluate),
     "train": (_add_train, _run_train),
     "average": (_add_average, _run_average),
+    "export": (_add_export, _run_export),
+    "import": (_add_import, _run_import),
     "quickstart": (_add_quickstart, _run_quickstart),
+    "serve": (_add_serve, _run_serve),
 }
 
 

@@ -49,6 +49,12 @@ class ModelConfig:
     layer_norm_eps: float = 1e-5
     share_embeddings: bool = True  # one embedding matrix for source and target (§3.4)
     tie_output: bool = True  # the pre-softmax projection reuses the target embedding (§3.4)
+    # Where other toolkits differ from the paper (aiayn import marian needs all three):
+    activation: Literal["relu", "swish"] = "relu"  # the FFN's: max(0, .) in §3.3; Marian: swish
+    # "interleaved": sin/cos alternate as in §3.5; "halves": all sines, then all cosines
+    # (tensor2tensor, Marian, fairseq). The same function either way, its dimensions permuted.
+    positional_layout: Literal["interleaved", "halves"] = "interleaved"
+    logits_bias: bool = False  # a bias on the pre-softmax projection (Marian's final_logits_bias)
     pad_id: int = PAD_ID
     bos_id: int = BOS_ID
     eos_id: int = EOS_ID
@@ -69,6 +75,14 @@ class ModelConfig:
             (
                 self.positional in ("sinusoidal", "learned"),
                 f"positional={self.positional!r}: choose 'sinusoidal' or 'learned'",
+            ),
+            (
+                self.activation in ("relu", "swish"),
+                f"activation={self.activation!r}: choose 'relu' or 'swish'",
+            ),
+            (
+                self.positional_layout in ("interleaved", "halves"),
+                f"positional_layout={self.positional_layout!r}: choose 'interleaved' or 'halves'",
             ),
             (
                 self.positional != "sinusoidal" or self.d_model % 2 == 0,
@@ -116,6 +130,9 @@ class TrainConfig:
     valid_src: str = ""
     valid_tgt: str = ""
     out_dir: str = "runs/model"
+    # continued training: start from this model directory's weights, tokenizer and whole
+    # [model] architecture (e.g. an `aiayn import marian` one), with a fresh optimizer
+    init_from: str = ""
     vocab_size: int = 8000  # SentencePiece joint vocabulary
     spm_model_type: Literal["bpe", "unigram"] = "bpe"
     max_tokens: int = 4096  # token budget per batch (source or target, whichever is longer)

@@ -196,7 +196,7 @@ def encode_pairs(
         if not part:
             break
         srcs = tok.encode_batch([s for s, _ in part], eos=True)
-        tgts = tok.encode_batch([t for _, t in part], bos=True, eos=True)
+        tgts = tok.encode_batch([t for _, t in part], bos=True, eos=True, side="target")
         for i, (s, t) in enumerate(zip(srcs, tgts, strict=True)):
             if len(s) > max_len or len(t) - 1 > max_len:
                 stats.drop("too_long_tokens", f"kept pair {start + i + 1}")

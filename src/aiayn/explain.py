@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from aiayn.config import DecodeConfig
+from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.decode import (
     Hypothesis,
     OnStep,
@@ -449,7 +449,18 @@ def _config_summary(model: Transformer) -> dict[str, object]:
         "norm": "pre-LN" if cfg.norm_first else "post-LN (paper)",
         "positional": cfg.positional,
         "embedding_scale": math.sqrt(cfg.d_model),
+        "differs": ", ".join(_differs(cfg)),  # from the paper; "" for the paper's model
     }
+
+
+def _differs(cfg: ModelConfig) -> list[str]:
+    """Where the model differs from the paper (an imported Marian model: all three)."""
+    options = [
+        (cfg.activation != "relu", f"{cfg.activation} FFN"),
+        (cfg.positional_layout == "halves", "sines then cosines (halves)"),
+        (cfg.logits_bias, "bias on the logits"),
+    ]
+    return [text for differs, text in options if differs]
 
 
 def greedy_translate(

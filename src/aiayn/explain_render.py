@@ -12,9 +12,15 @@ import html
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiayn.errors import AiaynError
 from aiayn.explain import NAME_RE, BeamTrace, Entry, Explanation
+
+if TYPE_CHECKING:
+    from aiayn.config import DecodeConfig
+    from aiayn.model import Transformer
+    from aiayn.tokenizer import Tokenizer
 
 HEAD_LEAVES = ("q", "k", "v", "scores", "scores_scaled", "scores_masked", "weights", "output")
 SEARCH_NAME = {"greedy": "greedy translation", "sample": "sampled translation"}
@@ -181,7 +187,8 @@ def to_text(trace: Explanation, view: View | None = None) -> str:
     out = [
         "aiayn explain: one sentence through the Transformer, every intermediate named",
         f"model: d_model={c['d_model']} h={c['n_heads']} d_k={c['d_k']} N={c['n_layers']} "
-        f"d_ff={c['d_ff']} vocab={c['vocab_size']}, {c['norm']}, {c['positional']} positions",
+        f"d_ff={c['d_ff']} vocab={c['vocab_size']}, {c['norm']}, {c['positional']} positions"
+        + (f", {c['differs']}" if c.get("differs") else ""),
         f"source: {trace.source}",
         f"{SEARCH_NAME[trace.search]}: {trace.translation}",
         f"showing layers {_which(view.layers)}, heads {_which(view.heads)}, decoding steps "
@@ -385,6 +392,53 @@ def to_html(trace: Explanation, view: View | None = None) -> str:
     return "\n".join(parts)
 
 
+def _trace_settings(
+    cfg: DecodeConfig, top_k: int, max_len: int | None, beam: int, overrides: dict | None
+) -> tuple[DecodeConfig, DecodeConfig]:
+    """(the traced search's settings, the beam trace's), checked: a one-line AiaynError."""
+    import dataclasses
+
+    from aiayn.decode import check_decode_config
+
+    if top_k < 1:
+        raise AiaynError(f"--top-k must be at least 1, got {top_k}")
+    if max_len is not None and max_len < 1:
+        raise AiaynError(f"--max-len must be at least 1, got {max_len}")
+    if beam < 0:
+        raise AiaynError(f"--beam must be at least 1 (0 = no beam trace), got {beam}")
+    cfg = dataclasses.replace(cfg, **(overrides or {}))
+    beam_cfg = dataclasses.replace(cfg, beam_size=max(beam, 1), nbest=1, sample=False)
+    for c in (dataclasses.replace(cfg, beam_size=1, nbest=1), beam_cfg):
+        check_decode_config(c)
+    return cfg, beam_cfg
+
+
+def trace_sentence(
+    model: Transformer,
+    tok: Tokenizer,
+    sentence: str,
+    cfg: DecodeConfig,
+    *,
+    top_k: int = 5,
+    max_len: int | None = None,
+    beam: int = 0,
+    overrides: dict[str, object] | None = None,
+) -> Explanation:
+    """The trace `aiayn explain` renders and `aiayn serve`'s /v1/explain sends.
+
+    `cfg` is the model's saved search settings, with `overrides` (DecodeConfig fields)
+    replaced; the traced search is greedy, or sampling when `sample` is set, and `beam` > 0
+    also traces beam search of that size.
+    """
+    from aiayn.explain import explain, trace_beam
+
+    cfg, beam_cfg = _trace_settings(cfg, top_k, max_len, beam, overrides)
+    trace = explain(model, tok, sentence, top_k=top_k, max_len=max_len, cfg=cfg)
+    if beam:
+        trace.beam = trace_beam(model, tok, sentence, beam_cfg, max_len=max_len)
+    return trace
+
+
 def explain_report(
     model_dir: str,
     sentence: str,
@@ -397,38 +451,21 @@ def explain_report(
     device: str = "auto",
     overrides: dict[str, object] | None = None,
 ) -> str:
-    """What `aiayn explain` prints: load the model directory onto `device`, trace, render as
-    `fmt` (numbers are computed in fp32 wherever the model runs).
-
-    The search settings are the model's saved `[decode]` table (as for `aiayn translate`) with
-    `overrides` (DecodeConfig fields) replaced; the traced search is greedy, or sampling when
-    `sample` is set, and `beam` > 0 also traces beam search of that size.
-    """
-    import dataclasses
-
+    """What `aiayn explain` prints: load the model directory onto `device`, trace it with
+    `trace_sentence` and the model's saved `[decode]` table (as `aiayn translate` uses), render
+    as `fmt` (numbers are computed in fp32 wherever the model runs)."""
     from aiayn.checkpoint import load_model_dir
-    from aiayn.decode import check_decode_config
     from aiayn.device import resolve_device
-    from aiayn.explain import explain, trace_beam
     from aiayn.model import Transformer
     from aiayn.tokenizer import Tokenizer
     from aiayn.translate import saved_decode_config
 
-    if top_k < 1:
-        raise AiaynError(f"--top-k must be at least 1, got {top_k}")
-    if max_len is not None and max_len < 1:
-        raise AiaynError(f"--max-len must be at least 1, got {max_len}")
-    if beam < 0:
-        raise AiaynError(f"--beam must be at least 1 (0 = no beam trace), got {beam}")
-    given: dict = overrides or {}
-    cfg = dataclasses.replace(saved_decode_config(model_dir), **given)
-    beam_cfg = dataclasses.replace(cfg, beam_size=max(beam, 1), nbest=1, sample=False)
-    for c in (dataclasses.replace(cfg, beam_size=1, nbest=1), beam_cfg):
-        check_decode_config(c)
+    cfg = saved_decode_config(model_dir)
+    _trace_settings(cfg, top_k, max_len, beam, overrides)  # bad settings fail before the load
     model = load_model_dir(model_dir, resolve_device(device), expect=Transformer)
     tok = Tokenizer.load(model_dir)
-    trace = explain(model, tok, sentence, top_k=top_k, max_len=max_len, cfg=cfg)
-    if beam:
-        trace.beam = trace_beam(model, tok, sentence, beam_cfg, max_len=max_len)
+    trace = trace_sentence(
+        model, tok, sentence, cfg, top_k=top_k, max_len=max_len, beam=beam, overrides=overrides
+    )
     render = {"text": to_text, "json": to_json_text, "html": to_html}[fmt]
     return render(trace, view)

@@ -19,11 +19,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from aiayn.attention import Linear, MultiHeadAttention
+from aiayn.attention import Activation, Linear, MultiHeadAttention
 from aiayn.config import ModelConfig
 from aiayn.kv_cache import KVCache, Memory
 from aiayn.tracing import Trace, is_tracing, tap
@@ -32,16 +33,19 @@ from aiayn.tracing import Trace, is_tracing, tap
 
 
 class PositionwiseFFN(nn.Module):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, the same two layers at every position (§3.3)."""
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, the same two layers at every position (§3.3).
 
-    def __init__(self, d_model: int, d_ff: int) -> None:
+    `activation="swish"` puts x * sigmoid(x) in place of max(0, x) (Marian's models)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: Activation = "relu") -> None:
         super().__init__()
         self.w_1 = Linear(d_model, d_ff)
         self.w_2 = Linear(d_ff, d_model)
+        self.activation: Activation = activation
         self.trace_name = "ffn"
 
     def forward(self, x_BTD: Tensor) -> Tensor:
-        hidden_BTF = self.w_1(x_BTD, relu=True)
+        hidden_BTF = self.w_1(x_BTD, activation=self.activation)
         out_BTD = self.w_2(hidden_BTF)
         if is_tracing():
             tap(f"{self.trace_name}.hidden", hidden_BTF)
@@ -49,17 +53,22 @@ class PositionwiseFFN(nn.Module):
         return out_BTD
 
 
-def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
+def sinusoidal_positions(
+    n_positions: int, d_model: int, layout: Literal["interleaved", "halves"] = "interleaved"
+) -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)) (§3.5).
 
     Both dimensions of a sin/cos pair share one frequency (the seeds give the cos dimension
     the next pair's frequency; see docs/worked_example.md §2). Computed in float64, returned fp32.
+    `layout="halves"` puts the d/2 sines first and their cosines after them (Marian's table).
     """
     if d_model % 2:
         raise ValueError(f"sinusoidal positions need an even d_model, got {d_model}")
     pos_P1 = torch.arange(n_positions, dtype=torch.float64)[:, None]
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # 2i for each pair
     angle_PI = pos_P1 / torch.pow(10000.0, two_i / d_model)
+    if layout == "halves":
+        return torch.cat([torch.sin(angle_PI), torch.cos(angle_PI)], dim=1).float()
     pe_PD = torch.empty(n_positions, d_model, dtype=torch.float64)
     pe_PD[:, 0::2] = torch.sin(angle_PI)
     pe_PD[:, 1::2] = torch.cos(angle_PI)
@@ -78,7 +87,8 @@ class Embeddings(nn.Module):
         if cfg.positional == "learned":
             self.learned = nn.Embedding(cfg.max_len, cfg.d_model)
         else:  # a buffer, not a parameter: rebuilt from the formula, never saved
-            self.register_buffer("pe", sinusoidal_positions(cfg.max_len, cfg.d_model), False)
+            table = sinusoidal_positions(cfg.max_len, cfg.d_model, cfg.positional_layout)
+            self.register_buffer("pe", table, False)
         self.pe: Tensor
         self.dropout = nn.Dropout(cfg.dropout)
         self.trace_name = "embed"
@@ -143,7 +153,7 @@ class EncoderLayer(_ResidualLayer):
         super().__init__()
         self.norm_first = cfg.norm_first
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
-        self.ffn = PositionwiseFFN(cfg.d_model, cfg.d_ff)
+        self.ffn = PositionwiseFFN(cfg.d_model, cfg.d_ff, cfg.activation)
         self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
@@ -162,7 +172,7 @@ class DecoderLayer(_ResidualLayer):
         self.norm_first = cfg.norm_first
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
-        self.ffn = PositionwiseFFN(cfg.d_model, cfg.d_ff)
+        self.ffn = PositionwiseFFN(cfg.d_model, cfg.d_ff, cfg.activation)
         self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.norm3 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
@@ -348,7 +358,8 @@ class Transformer(_ModelBase):
         self.tgt_embed = Embeddings(cfg, tgt_tokens)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
-        self.generator = Linear(cfg.d_model, cfg.vocab_size, bias=False)  # pre-softmax
+        # Pre-softmax; the paper's has no bias (Marian's final_logits_bias is `logits_bias`).
+        self.generator = Linear(cfg.d_model, cfg.vocab_size, bias=cfg.logits_bias)
         self._init_weights()
         if cfg.tie_output:  # §3.4: the same matrix embeds target tokens and scores them
             self.generator.weight = tgt_tokens.weight

@@ -39,14 +39,17 @@ def layer_norm(x: Array, gamma: Array, beta: Array, eps: float) -> Array:
     return (x - mean) / np.sqrt(var + eps) * gamma + beta
 
 
-def positional_encoding(n: int, d: int) -> Array:
-    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)) (§3.5)."""
+def positional_encoding(n: int, d: int, layout: str = "interleaved") -> Array:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)) (§3.5).
+
+    layout "halves": the sine of pair i at column i, its cosine at column d/2 + i (Marian)."""
     pe = np.zeros((n, d))
     for pos in range(n):
         for i in range(d // 2):
             angle = pos / 10000 ** (2 * i / d)
-            pe[pos, 2 * i] = np.sin(angle)
-            pe[pos, 2 * i + 1] = np.cos(angle)
+            sin_col, cos_col = (i, d // 2 + i) if layout == "halves" else (2 * i, 2 * i + 1)
+            pe[pos, sin_col] = np.sin(angle)
+            pe[pos, cos_col] = np.cos(angle)
     return pe
 
 
@@ -74,9 +77,10 @@ def multi_head_attention(
     return concat @ w[f"{prefix}.out_proj.weight"].T + w[f"{prefix}.out_proj.bias"]
 
 
-def feed_forward(w: dict[str, Array], prefix: str, x: Array) -> Array:
-    """max(0, x W_1 + b_1) W_2 + b_2 (§3.3)."""
-    hidden = np.maximum(0.0, x @ w[f"{prefix}.w_1.weight"].T + w[f"{prefix}.w_1.bias"])
+def feed_forward(w: dict[str, Array], prefix: str, x: Array, activation: str = "relu") -> Array:
+    """max(0, x W_1 + b_1) W_2 + b_2 (§3.3); swish: z * sigmoid(z) in place of max(0, z)."""
+    z = x @ w[f"{prefix}.w_1.weight"].T + w[f"{prefix}.w_1.bias"]
+    hidden = z / (1.0 + np.exp(-z)) if activation == "swish" else np.maximum(0.0, z)
     return hidden @ w[f"{prefix}.w_2.weight"].T + w[f"{prefix}.w_2.bias"]
 
 
@@ -93,7 +97,7 @@ def embed(w: dict[str, Array], prefix: str, ids: Array, cfg: ModelConfig) -> Arr
     tokens = w[f"{prefix}.tokens.weight"][ids] * np.sqrt(cfg.d_model)
     if cfg.positional == "learned":
         return tokens + w[f"{prefix}.learned.weight"][: len(ids)]
-    return tokens + positional_encoding(len(ids), cfg.d_model)
+    return tokens + positional_encoding(len(ids), cfg.d_model, cfg.positional_layout)
 
 
 def encoder(w: dict[str, Array], cfg: ModelConfig, src: Array) -> Array:
@@ -109,7 +113,9 @@ def encoder(w: dict[str, Array], cfg: ModelConfig, src: Array) -> Array:
             lambda h, p=p: multi_head_attention(w, f"{p}.self_attn", h, h, keep, cfg.n_heads),
             cfg,
         )
-        x = sublayer(w, f"{p}.norm2", x, lambda h, p=p: feed_forward(w, f"{p}.ffn", h), cfg)
+        x = sublayer(
+            w, f"{p}.norm2", x, lambda h, p=p: feed_forward(w, f"{p}.ffn", h, cfg.activation), cfg
+        )
     if cfg.norm_first:
         x = layer_norm(x, w["encoder.norm.weight"], w["encoder.norm.bias"], cfg.layer_norm_eps)
     return x
@@ -139,10 +145,13 @@ def decoder(w: dict[str, Array], cfg: ModelConfig, tgt_in: Array, mem: Array, sr
             ),
             cfg,
         )
-        y = sublayer(w, f"{p}.norm3", y, lambda h, p=p: feed_forward(w, f"{p}.ffn", h), cfg)
+        y = sublayer(
+            w, f"{p}.norm3", y, lambda h, p=p: feed_forward(w, f"{p}.ffn", h, cfg.activation), cfg
+        )
     if cfg.norm_first:
         y = layer_norm(y, w["decoder.norm.weight"], w["decoder.norm.bias"], cfg.layer_norm_eps)
-    return y @ w["generator.weight"].T
+    logits = y @ w["generator.weight"].T
+    return logits + w["generator.bias"] if cfg.logits_bias else logits
 
 
 def transformer_forward(

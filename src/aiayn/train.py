@@ -459,7 +459,8 @@ def train(cfg: Config, *, tokenizer: Tokenizer | None = None, progress: bool = T
     Args:
         cfg: the whole Config; `model.vocab_size` is replaced by the tokenizer's.
         tokenizer: use this one instead of training SentencePiece on the training text
-            (ignored on resume: the run's own `tokenizer.model` is loaded).
+            (ignored on resume: the run's own tokenizer is loaded; and with
+            `train.init_from`, whose tokenizer is used).
         progress: show a tqdm bar (rank 0 only).
     Returns:
         A TrainResult: the final step, why training stopped, the last logged loss, the best
@@ -515,6 +516,9 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.M
     check_recipe(tc)
     out = Path(tc.out_dir)
     resume = find_resume(out)
+    if tc.init_from:  # continued training: the architecture and vocabulary are the model's
+        cfg = dataclasses.replace(cfg, model=ckpt_io.load_model_config(tc.init_from))
+        tokenizer = Tokenizer.load(tc.init_from)
     tok = prepare_tokenizer(cfg, out, resume, tokenizer, d)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(  # the vocabulary's size and ids
         cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id,
@@ -532,6 +536,10 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.M
         log.info("device %s, precision: %s", d.device, precision.why)
     # On the device before the optimizer exists: restored Adam moments follow the parameters.
     model = Transformer(cfg.model).to(d.device)
+    if tc.init_from and resume is None:  # a resumed run has its own weights
+        start = ckpt_io.load_model_dir(tc.init_from, d.device, expect=Transformer)
+        model.load_state_dict(start.state_dict())
+        log.info("starting from the weights of %s", tc.init_from)
     opt = torch.optim.Adam(
         model.parameters(),
         lr=0.0,

@@ -53,7 +53,7 @@ class DecoderLM(_ModelBase):
         tokens = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         self.embed = Embeddings(cfg, tokens)
         self.decoder = Encoder(cfg)  # EncoderLayer + causal=True is exactly a GPT block
-        self.generator = Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.generator = Linear(cfg.d_model, cfg.vocab_size, bias=cfg.logits_bias)
         self._init_weights()
         if cfg.tie_output:
             self.generator.weight = tokens.weight

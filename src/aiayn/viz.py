@@ -80,7 +80,8 @@ def examples_from_maps(
     out = []
     for b in range(src_BS.size(0)):
         S = int((src_BS[b] != tok.pad_id).sum())
-        T = int((tgt_in_BT[b] != tok.pad_id).sum())
+        # tgt_out has no BOS: counted there, since BOS may be PAD (Marian starts from PAD)
+        T = int((tgt_out_BT[b] != tok.pad_id).sum())
         ex = AttentionExample(
             tok.pieces(src_BS[b, :S].tolist()),
             tok.pieces(tgt_out_BT[b, :T].tolist()),

@@ -1,0 +1,240 @@
+"""Load on `aiayn serve`: 1,000 requests of 1-8 sentences at 32 concurrent clients, against the
+same sentences translated in-process by `Translator` in one call. Prints JSON.
+
+    python bench/serve_load.py --model quickstart/model            # corpus: quickstart/data/test.en
+    python bench/serve_load.py --model M --corpus FILE --sigterm-at 500
+
+The server runs as a subprocess on a free loopback port (`python -m aiayn serve`). Reported:
+errors (any answer but 200, any failed request), latency percentiles (all requests and the
+single-sentence ones), served sentences/s over the whole load, the in-process sentences/s of
+`Translator.translate_hyps` on all the sentences at once (after the server has stopped, so the
+two never share the CPU; the fastest of `--reps` runs), their ratio, how many served
+translations differ from the in-process ones, and the server's merged batch sizes (/metrics).
+Throughput is also given per CPU second (the server process's user + system time over the load,
+against the in-process call's), which other jobs on a shared machine disturb far less than
+wall time.
+
+`--sigterm-at N` sends SIGTERM once N answers have come back: requests refused after that
+(or written into a keep-alive connection as the server closed it, unread) are counted, not
+errors; `lost` is the number the server accepted but whose client got no
+answer (the server prints how many it accepted as it exits). Goals (issue 13): 0 errors,
+served >= 80% of in-process throughput, p99 < 1 s for single-sentence requests, 0 lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        return re.search(r"Model name:\s*(.+)", out).group(1).strip()
+    except (OSError, subprocess.CalledProcessError, AttributeError):
+        return platform.processor() or "unknown"
+
+
+def make_requests(corpus: list[str], n: int, most: int, seed: int) -> list[list[str]]:
+    """n requests of 1..most sentences, taken in order from the corpus (cycling)."""
+    rng, at, out = random.Random(seed), 0, []
+    for _ in range(n):
+        k = rng.randint(1, most)
+        out.append([corpus[(at + i) % len(corpus)] for i in range(k)])
+        at += k
+    return out
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "aiayn", "serve", "--model", str(args.model), "--port", "0",
+           "--no-access-log", "--threads", str(args.threads), "--window-ms", str(args.window_ms),
+           "--max-sentences", "64", "--timeout", "120", "--max-queue", "100000"]  # fmt: skip
+    err = tempfile.TemporaryFile("w+")  # noqa: SIM115  (read only when the server fails)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    while line := proc.stdout.readline():
+        if m := re.search(r"on (http://127\.0\.0\.1:\d+)/", line):
+            return proc, m.group(1)
+    err.seek(0)
+    raise SystemExit(f"the server did not start:\n{err.read()[-3000:]}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc), all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentiles(xs: list[float]) -> dict[str, float | None]:
+    if not xs:
+        return {"p50": None, "p95": None, "p99": None, "max": None}
+    s = sorted(xs)
+
+    def at(q: float) -> float:
+        return round(s[min(len(s) - 1, int(q * len(s)))], 4)
+
+    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": round(s[-1], 4)}
+
+
+async def load(url: str, requests: list[list[str]], concurrency: int, sigterm_at: int,
+               proc: subprocess.Popen) -> dict:  # fmt: skip
+    results: list[dict | None] = [None] * len(requests)
+    todo: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(len(requests)):
+        todo.put_nowait(i)
+    answered = 0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+
+        async def worker() -> None:
+            nonlocal answered
+            while not todo.empty():
+                i = todo.get_nowait()
+                t0 = time.perf_counter()
+                try:
+                    r = await client.post("/v1/translate", json={"q": requests[i]})
+                    results[i] = {"status": r.status_code, "seconds": time.perf_counter() - t0,
+                                  "texts": [t["text"] for t in r.json()["translations"]]
+                                  if r.status_code == 200 else None}  # fmt: skip
+                    answered += 1
+                    if sigterm_at and answered == sigterm_at:
+                        proc.send_signal(signal.SIGTERM)
+                except httpx.ConnectError:
+                    results[i] = {"status": "refused"}  # nothing listens: never accepted
+                except httpx.HTTPError as e:
+                    # After SIGTERM the server closes its idle keep-alive connections; a
+                    # request written into one as it closes was never read (`lost` counts
+                    # any accepted request left unanswered).
+                    late = sigterm_at and answered >= sigterm_at
+                    results[i] = {"status": "closed" if late else f"failed: {type(e).__name__}"}
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+        metrics = "" if sigterm_at else (await client.get("/metrics")).text
+    return {"results": results, "wall": wall, "metrics": metrics}
+
+
+def metric(text: str, name: str) -> float | None:
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=Path, default=Path("quickstart/model"))
+    p.add_argument("--corpus", type=Path, help="a sentence a line (default MODEL/../data/test.en)")
+    p.add_argument("--requests", type=int, default=1000)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--most", type=int, default=8, help="most sentences per request")
+    p.add_argument("--threads", type=int, default=0, help="torch threads, server and in-process")
+    p.add_argument("--window-ms", type=float, default=10.0)
+    p.add_argument("--sigterm-at", type=int, default=0, help="SIGTERM after this many answers")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reps", type=int, default=2, help="in-process runs; the fastest counts")
+    args = p.parse_args()
+    corpus_path = args.corpus or args.model.parent / "data" / "test.en"
+    corpus = [s for s in corpus_path.read_text(encoding="utf-8").splitlines() if s.strip()]
+    requests = make_requests(corpus, args.requests, args.most, args.seed)
+
+    proc, url = start_server(args)
+    httpx.post(url + "/v1/translate", json={"q": corpus[:8]}, timeout=120)  # warm up
+    cpu0 = cpu_seconds(proc.pid)
+    run = asyncio.run(load(url, requests, args.concurrency, args.sigterm_at, proc))
+    server_cpu = cpu_seconds(proc.pid) - cpu0 if proc.poll() is None else None
+    if proc.poll() is None and not args.sigterm_at:  # (--sigterm-at has sent it already)
+        proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    exit_code = proc.returncode
+    accepted = re.search(r"answered (\d+) of (\d+) accepted", out)
+
+    results = run["results"]
+    ok = [r for r in results if r and r["status"] == 200]
+    refused = sum(1 for r in results if r and r["status"] == "refused")
+    closed = sum(1 for r in results if r and r["status"] == "closed")
+    errors = [r["status"] for r in results if r and r["status"] not in (200, "refused", "closed")]
+    single = [r["seconds"] for r, q in zip(results, requests, strict=True)
+              if r and r["status"] == 200 and len(q) == 1]  # fmt: skip
+    served_sentences = sum(len(q) for r, q in zip(results, requests, strict=True)
+                           if r and r["status"] == 200)  # fmt: skip
+
+    # In-process, after the server has gone: the same sentences in one call.
+    import torch
+
+    from aiayn.translate import Translator
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    translator = Translator.load(args.model, device="cpu")
+    every = [s for q in requests for s in q]
+    translator.translate_hyps(corpus[:8], translator.cfg)  # warm up
+    local_s = local_cpu = float("inf")
+    for _ in range(args.reps):  # the fastest run: the in-process side gets the benefit of doubt
+        t0, c0 = time.perf_counter(), time.process_time()
+        local = translator.translate_hyps(every, translator.cfg)
+        local_s = min(local_s, time.perf_counter() - t0)
+        local_cpu = min(local_cpu, time.process_time() - c0)
+    local_texts, at, differ = [r[0].text for r in local], 0, 0
+    for r, q in zip(results, requests, strict=True):
+        if r and r["status"] == 200:
+            differ += sum(a != b for a, b in zip(r["texts"], local_texts[at:], strict=False))
+        at += len(q)
+
+    served_rate = served_sentences / run["wall"]
+    local_rate = len(every) / local_s
+    m = run["metrics"]
+    report = {
+        "cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "model": str(args.model), "corpus": str(corpus_path), "requests": len(requests),
+        "concurrency": args.concurrency, "sentences": len(every), "window_ms": args.window_ms,
+        "errors": len(errors), "error_kinds": sorted(set(map(str, errors))),
+        "answered_200": len(ok), "latency_s": percentiles([r["seconds"] for r in ok]),
+        "single_sentence_latency_s": percentiles(single), "single_sentence_requests": len(single),
+        "wall_s": round(run["wall"], 2), "served_sentences_per_s": round(served_rate, 1),
+        "in_process_sentences_per_s": round(local_rate, 1),
+        "served_over_in_process": round(served_rate / local_rate, 3),
+        # CPU seconds (all threads) are steadier than wall time on a shared machine: the
+        # server's include its HTTP work; the client's (this process) are not counted.
+        "served_sentences_per_cpu_s": round(served_sentences / server_cpu, 1)
+        if server_cpu else None,
+        "in_process_sentences_per_cpu_s": round(len(every) / local_cpu, 1),
+        "served_over_in_process_per_cpu_s": round(served_sentences / server_cpu
+                                                  / (len(every) / local_cpu), 3)
+        if server_cpu else None,
+        "translations_differing_from_in_process": differ,
+        "server_exit_code": exit_code,
+    }  # fmt: skip
+    if m:
+        batches = metric(m, "aiayn_batch_sentences_count") or 1
+        report["mean_sentences_per_batch"] = round(metric(m, "aiayn_batch_sentences_sum")
+                                                   / batches, 1)  # fmt: skip
+        report["mean_requests_per_batch"] = round(metric(m, "aiayn_batch_requests_sum")
+                                                  / batches, 1)  # fmt: skip
+    if args.sigterm_at:
+        got_answer = sum(1 for r in results if r and isinstance(r["status"], int))
+        n_accepted = int(accepted.group(2)) if accepted else None
+        report["sigterm"] = {
+            "sent_after_answers": args.sigterm_at, "refused_after": refused,
+            "connection_closed_unread_after": closed,
+            "server_accepted": n_accepted,
+            "server_answered": int(accepted.group(1)) if accepted else None,
+            # the warm-up request is accepted and answered too
+            "lost": None if n_accepted is None else n_accepted - (got_answer + 1),
+        }  # fmt: skip
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

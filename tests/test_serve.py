@@ -1,0 +1,427 @@
+"""`aiayn serve`: a real uvicorn server in a subprocess, a real briefly trained model, httpx.
+
+What is served equals what `Translator` and `aiayn explain` give for the same settings; every
+bad request is a 4xx JSON `{"error": ...}`; concurrent requests are merged and each gets its
+own answer; SIGTERM answers everything accepted and exits 0; the API key is checked.
+"""
+
+import json
+import re
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install .[serve])")
+import httpx
+import torch
+from serving import ServerProcess
+
+from aiayn.cli import main
+from aiayn.serve_batcher import Batcher, ExpiredError, Job
+from aiayn.translate import Translator
+
+SENTENCES = ["forty-two", "seven hundred and one", "three thousand and nine", "eleven",
+             "one hundred and twenty-three", "ninety", "five thousand, six hundred",
+             "two"]  # fmt: skip
+SCORE_TOL = 1e-4  # log-probabilities summed over a sentence, another process: fp32 rounding
+
+
+@pytest.fixture(scope="module")
+def server(served_model_dir):
+    s = ServerProcess(served_model_dir, "--max-sentences", "16", "--max-chars-per-sentence",
+                      "200", "--max-chars-per-request", "1000", "--max-beam", "6",
+                      "--window-ms", "20")  # fmt: skip
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def translator(served_model_dir):
+    return Translator.load(served_model_dir, device="cpu")
+
+
+@pytest.fixture
+def one_thread():
+    """The server decodes with one torch thread; so does the in-process reference."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def hyps_of(translator, lines, **settings):
+    return translator.translate_hyps(lines, translator.settings(**settings))
+
+
+def assert_same(served, expected):
+    """One served translation (/v1 shape) equals the Translator's n-best for that line."""
+    assert [h["text"] for h in served["hypotheses"]] == [t.text for t in expected]
+    assert [h["tokens"] for h in served["hypotheses"]] == [t.hyp.tokens for t in expected]
+    for h, t in zip(served["hypotheses"], expected, strict=True):
+        assert h["log_prob"] == pytest.approx(t.hyp.log_prob, abs=SCORE_TOL)
+        assert h["score"] == pytest.approx(t.hyp.score, abs=SCORE_TOL)
+        assert h["eos"] == t.hyp.eos
+
+
+def assert_tree_close(got, want, where=""):
+    """Equal JSON trees, floats within SCORE_TOL (another process computed them)."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), where
+        for k in want:
+            assert_tree_close(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_tree_close(g, w, f"{where}[{i}]")
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, abs=SCORE_TOL), where
+    else:
+        assert got == want, where
+
+
+# --- the endpoints --------------------------------------------------------------------------------
+
+
+def test_health_model_and_languages(client, translator):
+    assert client.get("/health").json()["status"] == "ok"
+    info = client.get("/v1/model").json()
+    assert info["languages"] == {"source": "en", "target": "de"}  # from train.en / train.de
+    assert info["model"]["n_layers"] == translator.model.cfg.n_layers
+    assert info["parameters"] == sum(p.numel() for p in translator.model.parameters())
+    assert info["limits"]["max_sentences"] == 16 and info["examples"]  # validation sources
+    assert client.get("/languages").json() == [
+        {"code": "en", "name": "English", "targets": ["de"]},
+        {"code": "de", "name": "German", "targets": []},
+    ]
+    assert client.post("/detect", json={"q": "seven"}).json()[0]["language"] == "en"
+
+
+def test_libretranslate_shape(client, translator, one_thread):
+    r = client.post("/translate", json={"q": "forty-two", "source": "en", "target": "de"})
+    assert r.status_code == 200 and r.json() == {"translatedText": translator.translate(
+        ["forty-two"])[0]}  # fmt: skip
+    r = client.post("/translate", json={"q": SENTENCES[:3], "source": "en", "target": "de",
+                                        "format": "text"})  # fmt: skip
+    assert r.json()["translatedText"] == translator.translate(SENTENCES[:3])
+    # alternatives: the n-best of a beam at least that wide, best first
+    r = client.post("/translate", json={"q": "seven hundred and one", "source": "en",
+                                        "target": "de", "alternatives": 2})  # fmt: skip
+    beam = max(translator.cfg.beam_size, 3)
+    nbest = [t.text for t in hyps_of(translator, ["seven hundred and one"], beam=beam,
+                                     nbest=3)[0]]  # fmt: skip
+    assert r.json() == {"translatedText": nbest[0], "alternatives": nbest[1:]}
+    r = client.post("/translate", json={"q": ["two", "eleven"], "source": "auto", "target": "de",
+                                        "alternatives": 1})  # fmt: skip
+    body = r.json()
+    assert len(body["alternatives"]) == 2 and all(len(a) == 1 for a in body["alternatives"])
+    assert body["detectedLanguage"] == [{"confidence": 100.0, "language": "en"}] * 2
+    # text with line breaks: each line translated, the breaks kept
+    r = client.post("/translate", json={"q": "two\neleven", "source": "en", "target": "de"})
+    assert r.json()["translatedText"] == "\n".join(translator.translate(["two", "eleven"]))
+    # a form-encoded request (some LibreTranslate clients send forms)
+    r = client.post("/translate", data={"q": "ninety", "source": "en", "target": "de"})
+    assert r.json()["translatedText"] == translator.translate(["ninety"])[0]
+
+
+def test_language_pair_is_checked(client):
+    r = client.post("/translate", json={"q": "two", "source": "fr", "target": "de"})
+    assert r.status_code == 400
+    assert "en -> de (English to German)" in r.json()["error"] and "fr -> de" in r.json()["error"]
+    r = client.post("/translate", json={"q": "two", "source": "en", "target": "es"})
+    assert r.status_code == 400
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"beam": 3, "nbest": 2}, {"beam": 4, "alpha": 1.0, "min_len": 2},
+     {"sample": True, "seed": 5, "top_k": 10, "nbest": 2}, {"sample": True, "top_p": 0.8}],
+)  # fmt: skip
+def test_v1_translate_equals_translator(client, translator, settings, one_thread):
+    r = client.post("/v1/translate", json={"q": SENTENCES[:5], **settings})
+    assert r.status_code == 200, r.text
+    names = {"beam": "beam_size"}
+    cfg = translator.settings(**{names.get(k, k): v for k, v in settings.items()})
+    expected = translator.translate_hyps(SENTENCES[:5], cfg)
+    body = r.json()
+    assert body["settings"]["beam_size"] == cfg.beam_size and body["settings"]["seed"] == cfg.seed
+    for served, exp in zip(body["translations"], expected, strict=True):
+        assert served["text"] == exp[0].text
+        assert_same(served, exp)
+
+
+def test_v1_explain_equals_aiayn_explain(client, served_model_dir, capsys, one_thread):
+    sentence = "seven hundred and one"
+    assert main(["explain", sentence, "--model", str(served_model_dir), "--format", "json",
+                 "--beam", "2", "--device", "cpu"]) == 0  # fmt: skip
+    cli = json.loads(capsys.readouterr().out)
+    served = client.post("/v1/explain", json={"q": sentence, "beam": 2}).json()
+    assert served.keys() == cli.keys() and served["format"] == "aiayn.explain/2"
+    for key in cli:
+        if key != "tensors":
+            assert_tree_close(served[key], cli[key], key)
+    assert [t["name"] for t in served["tensors"]] == [t["name"] for t in cli["tensors"]]
+    for s, c in zip(served["tensors"], cli["tensors"], strict=True):
+        assert (s["rows"], s["cols"], s["shape"]) == (c["rows"], c["cols"], c["shape"])
+        got = torch.tensor(s["data"], dtype=torch.float64).nan_to_num(-1e30)  # null = -inf
+        want = torch.tensor(c["data"], dtype=torch.float64).nan_to_num(-1e30)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    weights = client.post("/v1/explain", json={"q": sentence, "tensors": "attention",
+                                               "layers": [1], "heads": "2"}).json()  # fmt: skip
+    names = [t["name"] for t in weights["tensors"]]
+    assert names and all(n.endswith(".1.self_attn.head2.weights") or
+                         n.endswith(".1.cross_attn.head2.weights") for n in names)  # fmt: skip
+
+
+def test_metrics_count_requests_sentences_and_batches(client):
+    client.post("/v1/translate", json={"q": ["two", "eleven", "ninety"]})
+    text = client.get("/metrics").text
+    assert re.search(r'aiayn_requests_total\{endpoint="/v1/translate",status="200"\} \d', text)
+    assert float(re.search(r"^aiayn_sentences_total (\S+)", text, re.M).group(1)) >= 3
+    assert float(re.search(r"^aiayn_source_tokens_total (\S+)", text, re.M).group(1)) > 0
+    assert "aiayn_request_seconds_bucket" in text and "aiayn_batch_sentences_bucket" in text
+
+
+# --- bad requests: always 4xx JSON with one "error" -----------------------------------------------
+
+LONG = "seven " * 40  # 240 characters: over the server's 200 per sentence
+BAD = [
+    ("post", "/translate", b"{", {}, 400, "invalid JSON"),
+    ("post", "/translate", b'["q"]', {}, 400, "must be a JSON object"),
+    ("post", "/translate", b'{"q": "\xff\xfe"}', {}, 400, "not valid UTF-8"),
+    ("post", "/translate", b"", {}, 400, "empty"),
+    ("post", "/translate", {"source": "en", "target": "de"}, None, 422, "'q' is missing"),
+    ("post", "/translate", {"q": 5}, None, 422, "string or a list of strings"),
+    ("post", "/translate", {"q": ["a", 3]}, None, 422, "string or a list of strings"),
+    ("post", "/translate", {"q": ""}, None, 422, "'q' is empty"),
+    ("post", "/translate", {"q": []}, None, 422, "'q' is empty"),
+    ("post", "/translate", {"q": "a", "alternatives": 9}, None, 422, "between 0 and 5"),
+    ("post", "/translate", {"q": "a", "alternatives": "two"}, None, 422, "an integer"),
+    ("post", "/translate", {"q": "a", "format": "html"}, None, 400, "html"),
+    ("post", "/translate", {"q": "a", "format": "xml"}, None, 422, "'format'"),
+    ("post", "/translate", {"q": ["two"] * 17}, None, 413, "17 sentences; the limit is 16"),
+    ("post", "/translate", {"q": LONG}, None, 413, "240 characters; the limit is 200"),
+    ("post", "/translate", {"q": ["seven " * 30] * 6}, None, 413, "the limit is 1000"),
+    ("post", "/translate", b'{"q": "' + b"a" * 20000 + b'"}', {}, 413, "20000 characters; the"),
+    ("post", "/v1/translate", {"q": "a", "beem": 2}, None, 422, "unknown field 'beem'"),
+    ("post", "/v1/translate", {"q": "a", "beam": 0}, None, 422, "beam size must be at least 1"),
+    ("post", "/v1/translate", {"q": "a", "beam": 7}, None, 422, "over the limit of 6"),
+    ("post", "/v1/translate", {"q": "a", "beam": True}, None, 422, "'beam' must be an integer"),
+    ("post", "/v1/translate", {"q": "a", "beam": 2, "nbest": 3}, None, 422, "cannot exceed"),
+    ("post", "/v1/translate", {"q": "a", "temperature": -1}, None, 422, "must be positive"),
+    ("post", "/v1/translate", {"q": "a", "top_p": "x"}, None, 422, "'top_p' must be a number"),
+    ("post", "/v1/explain", {"beam": 2}, None, 422, "'q' is missing or empty"),
+    ("post", "/v1/explain", {"q": "a", "layers": [9]}, None, 422, "layer 9 does not exist"),
+    ("post", "/v1/explain", {"q": "a", "layers": {"a": 1}}, None, 422, "'layers' must be"),
+    ("post", "/v1/explain", {"q": "a", "tensors": "some"}, None, 422, "'tensors' must be"),
+    ("post", "/v1/explain", {"q": "a", "top_k": 0}, None, 422, "'top_k'"),
+    ("post", "/v1/explain", {"q": "a", "max_len": 0}, None, 422, "'max_len' must be at least 1"),
+    ("post", "/v1/explain", {"q": "a", "beam": 9}, None, 422, "'beam' must be between 0 and 6"),
+    ("get", "/translate", None, None, 405, "Method Not Allowed"),
+    ("get", "/no/such/page", None, None, 404, "Not Found"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "headers", "status", "message"), BAD)
+def test_bad_requests_are_4xx_json(client, method, path, body, headers, status, message):
+    if method == "get":
+        r = client.get(path)
+    elif isinstance(body, bytes):
+        r = client.post(path, content=body, headers={"Content-Type": "application/json"})
+    else:
+        r = client.post(path, json=body)
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    assert list(r.json()) == ["error"] and message in r.json()["error"], r.json()
+
+
+def test_huge_body_is_refused_by_its_length(client):
+    r = client.post("/translate", content=b"x" * 200_000, headers={"Content-Type": "text/plain"})
+    assert r.status_code == 413 and "the limit is" in r.json()["error"]
+
+
+# --- concurrency: merged batches, each request its own answer, in order ---------------------------
+
+
+def test_concurrent_requests_each_get_their_own_answer(server, translator, one_thread):
+    requests = [SENTENCES[i % 8 : i % 8 + 1 + i % 4] for i in range(40)]
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        before = c.get("/metrics").text
+
+        def send(lines):
+            return c.post("/v1/translate", json={"q": lines}).json()
+
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(send, requests))
+        after = c.get("/metrics").text
+    for lines, answer in zip(requests, answers, strict=True):
+        expected = translator.translate_hyps(lines, translator.cfg)
+        assert [t["text"] for t in answer["translations"]] == [e[0].text for e in expected]
+        for served, exp in zip(answer["translations"], expected, strict=True):
+            assert_same(served, exp)
+
+    def merged(text):  # model batches that held more than one request
+        count = float(re.search(r"^aiayn_batch_requests_count (\S+)", text, re.M).group(1))
+        single = float(re.search(r'^aiayn_batch_requests_bucket\{le="1.0"\} (\S+)', text,
+                                 re.M).group(1))  # fmt: skip
+        return count - single, count
+
+    (m0, n0), (m1, n1) = merged(before), merged(after)
+    assert m1 - m0 >= 1  # concurrency made at least one batch of several requests
+    assert n1 - n0 < 40  # fewer model batches than requests
+
+
+# --- the model worker on its own: dropped jobs are not decoded ------------------------------------
+
+
+def test_batcher_merges_equal_settings_and_drops_gone_or_late_jobs(translator):
+    batches = []
+    b = Batcher(translator, window_s=0.3, on_batch=batches.append)
+    try:
+        cfg = translator.cfg
+        a = b.translate(["two"], cfg, timeout_s=30)
+        gone = b.translate(["eleven"], cfg, timeout_s=30)
+        late = b.submit(Job(["ninety"], cfg, deadline=time.monotonic() - 1))
+        c = b.translate(["seven", "forty-two"], cfg, timeout_s=30)
+        sampled = b.translate(["two"], translator.settings(sample=True), timeout_s=30)
+        gone.cancel()  # within the window: before the worker decodes
+        got_c = [r[0].text for r in c.future.result(60)]
+        assert got_c == translator.translate(["seven", "forty-two"])
+        assert a.future.result(60)[0][0].text == translator.translate(["two"])[0]
+        assert sampled.future.result(60)[0][0].text == translator.translate(["two"], sample=True)[0]
+        assert gone.future.cancelled()
+        with pytest.raises(ExpiredError):
+            late.future.result(60)
+        # a and c shared one batch; the sampled job ran alone; the dropped ones never ran
+        assert [(s.requests, s.sentences) for s in batches] == [(2, 3), (1, 1)]
+    finally:
+        b.close()
+    with pytest.raises(Exception, match="shutting down"):
+        b.translate(["two"], translator.cfg, timeout_s=30)
+
+
+# --- a server with no recorded languages: accepts any pair; drops late and gone requests ----------
+
+
+def test_no_languages_timeout_and_disconnect(served_model_dir, tmp_path):
+    bare = tmp_path / "bare"
+    shutil.copytree(served_model_dir, bare)
+    (bare / "run_config.json").unlink()  # no training files, so no languages
+    # The 300 ms window holds every job longer than the 0.2 s timeout: each one times out.
+    s = ServerProcess(bare, "--window-ms", "300", "--timeout", "0.2")
+    try:
+        with httpx.Client(base_url=s.url, timeout=30) as c:
+            assert c.get("/v1/model").json()["languages"] is None
+            assert c.get("/languages").json() == []
+            r = c.post("/translate", json={"q": "two", "source": "xx", "target": "yy"})
+            assert r.status_code == 503 and "timed out after 0.2 s" in r.json()["error"]
+            time.sleep(0.4)  # the worker's window for that request is over: a new one starts
+            with pytest.raises(httpx.TimeoutException):  # the client gives up and goes away
+                c.post("/v1/translate", json={"q": "eleven"}, timeout=0.1)
+            time.sleep(0.6)
+            metrics = c.get("/metrics").text
+        assert 'aiayn_dropped_requests_total{reason="disconnected"} 1.0' in metrics
+        assert 'aiayn_dropped_requests_total{reason="timeout"}' in metrics
+        assert "aiayn_sentences_total 0.0" in metrics, [  # nothing was decoded for anybody
+            line for line in metrics.splitlines() if line.startswith("aiayn_")]
+    finally:
+        code, _, err = s.stop()
+    assert code == 0, err
+
+
+# --- SIGTERM: stop accepting, answer everything accepted, exit 0 ----------------------------------
+
+
+def test_sigterm_answers_every_accepted_request_and_exits_0(served_model_dir, translator,
+                                                            one_thread):  # fmt: skip
+    s = ServerProcess(served_model_dir, "--window-ms", "50")
+    requests = [SENTENCES[i % 8 :] for i in range(12)]  # 1-8 sentences each, beam 4: slow enough
+    answers: list = [None] * len(requests)
+
+    def send(i):
+        with httpx.Client(base_url=s.url, timeout=120) as c:
+            answers[i] = c.post("/v1/translate", json={"q": requests[i], "beam": 4})
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while httpx.get(s.url + "/health").json()["in_flight"] < len(requests):  # all of them in
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    code, out, err = s.stop()
+    for t in threads:
+        t.join(60)
+    assert code == 0, err
+    for lines, r in zip(requests, answers, strict=True):
+        assert r is not None and r.status_code == 200, r
+        expected = translator.translate(lines, beam=4)
+        assert [t["text"] for t in r.json()["translations"]] == expected
+    n = re.search(r"answered (\d+) of (\d+) accepted requests", out)
+    assert n and n.group(1) == n.group(2) and int(n.group(1)) >= len(requests), out
+    with pytest.raises(httpx.ConnectError):  # and nothing listens any more
+        httpx.get(s.url + "/health", timeout=5)
+
+
+# --- the API key ----------------------------------------------------------------------------------
+
+
+def test_api_key_and_language_flags(served_model_dir):
+    s = ServerProcess(served_model_dir, "--source-lang", "fr", "--target-lang", "it",
+                      env={"AIAYN_API_KEY": "s3cret"})  # fmt: skip
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.get("/health").status_code == 200  # no key needed
+            r = c.get("/v1/model")
+            assert r.status_code == 401 and "API key is required" in r.json()["error"]
+            assert r.headers["www-authenticate"] == "Bearer"
+            assert c.get("/v1/model", headers={"Authorization": "Bearer nope"}).status_code == 403
+            ok = c.get("/v1/model", headers={"Authorization": "Bearer s3cret"}).json()
+            assert ok["languages"] == {"source": "fr", "target": "it"}  # the flags win
+            assert c.get("/metrics").status_code == 401
+            assert c.get("/", params={"api_key": "s3cret"}).status_code == 200
+            body = {"q": "two", "source": "fr", "target": "it"}
+            assert c.post("/translate", json=body).status_code == 401
+            assert c.post("/translate", content=b"{").status_code == 401  # the key comes first
+            assert c.post("/translate", json={**body, "api_key": "s3cret"}).status_code == 200
+            r = c.post("/translate", json={**body, "source": "en", "api_key": "s3cret"})
+            assert r.status_code == 400 and "fr -> it" in r.json()["error"]
+    finally:
+        s.stop()
+
+
+def test_non_loopback_needs_a_key_and_bad_flags_are_one_line(served_model_dir, capsys,
+                                                             monkeypatch):  # fmt: skip
+    monkeypatch.delenv("AIAYN_API_KEY", raising=False)
+    for argv, message in [
+        (["--host", "0.0.0.0"], "--host 0.0.0.0 is reachable from other machines"),
+        (["--max-beam", "0"], "--max-beam must be positive"),
+        (["--source-lang", "en"], "give both --source-lang and --target-lang"),
+    ]:
+        assert main(["serve", "--model", str(served_model_dir), *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and message in err, err
+
+
+def test_languages_come_from_the_training_files_suffixes(tmp_path):
+    from aiayn.serve_requests import model_languages
+
+    def langs(src, tgt):
+        (tmp_path / "run_config.json").write_text(json.dumps({"train": {"src": src, "tgt": tgt}}))
+        return model_languages(tmp_path)
+
+    assert langs("data/train.en", "data/train.de") == ("en", "de")
+    assert langs("/x/corpus.pt-BR", "/x/corpus.es") == ("pt-BR", "es")
+    assert langs("pairs.tsv", "") is None  # one TSV file: no codes
+    assert langs("train.txt", "valid.txt") is None
+    assert langs("a.en", "b.en") is None  # the same suffix on both sides is not a pair
+    (tmp_path / "run_config.json").write_text("{not json")
+    assert model_languages(tmp_path) is None
