@@ -1,11 +1,14 @@
 """Frozen configs, TOML files and typed --set overrides."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from aiayn.config import Config, ModelConfig, apply_overrides, load_config
+from aiayn.decode import check_decode_config
 from aiayn.errors import ConfigError
+from aiayn.train import check_recipe
 
 
 def test_presets_and_frozen():
@@ -71,3 +74,26 @@ def test_bad_files_are_clear(tmp_path):
     bad.write_text("[model]\nd_modle = 3\n")
     with pytest.raises(ConfigError, match="unknown key"):
         load_config(bad)
+
+
+CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_load_and_pass_the_checks(path):
+    """Every configs/*.toml reads, and its recipe and search settings pass the same checks
+    `aiayn train` makes before anything is written (schedule/averaging, decode values)."""
+    cfg = load_config(path)
+    check_recipe(cfg.train)
+    check_decode_config(cfg.decode)
+    assert cfg.train.average_last <= cfg.train.keep_last
+
+
+def test_the_budget_recipe_is_the_measured_one():
+    """configs/multi30k_tiny_budget.toml is the recipe docs/benchmarks.md measured (#15):
+    the published tiny architecture, dropout 0.1, cosine to 0 fitted to the time budget,
+    the last 5 checkpoints of the schedule averaged."""
+    cfg = load_config(Path(__file__).resolve().parent.parent / "configs/multi30k_tiny_budget.toml")
+    m, t = cfg.model, cfg.train
+    assert (m.d_model, m.n_heads, m.n_layers, m.d_ff, m.dropout) == (128, 4, 4, 256, 0.1)
+    assert (t.lr_schedule, t.lr, t.warmup_steps, t.average_last) == ("cosine_budget", 3e-3, 300, 5)
