@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 
 from aiayn.atomic import (
+    atomic_dir,
     atomic_open_text,
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
     same_file,
 )
+from aiayn.errors import ConfigError
 
 
 def mode(path: Path) -> int:
@@ -86,3 +88,27 @@ def test_same_file(tmp_path: Path) -> None:
     assert not same_file(a, tmp_path / "b.txt")
     assert not same_file(a, tmp_path / "new.txt")
     assert same_file(tmp_path / "new.txt", tmp_path / "." / "new.txt")  # neither exists yet
+
+
+def test_a_directory_is_written_whole_or_not_at_all(tmp_path):
+    out = tmp_path / "deep" / "model"  # missing parents are made
+    with atomic_dir(out) as tmp:
+        assert not out.exists()  # filled under another name
+        (tmp / "weights").write_text("w")
+    assert (out / "weights").read_text() == "w"
+    assert os.listdir(out.parent) == ["model"]  # no temporary sibling left
+
+    failed = tmp_path / "failed"
+    with pytest.raises(RuntimeError), atomic_dir(failed) as tmp:
+        (tmp / "half").write_text("x")
+        raise RuntimeError("conversion failed midway")
+    assert not failed.exists() and os.listdir(tmp_path) == ["deep"]
+
+    (tmp_path / "empty").mkdir()  # an empty target is replaced
+    with atomic_dir(tmp_path / "empty") as tmp:
+        (tmp / "f").write_text("f")
+    assert os.listdir(tmp_path / "empty") == ["f"]
+    for taken in (out, tmp_path / "deep" / "model" / "weights"):  # not empty; not a directory
+        with pytest.raises(ConfigError, match="choose a new directory"), atomic_dir(taken):
+            pass
+    assert (out / "weights").read_text() == "w"
