@@ -25,7 +25,6 @@ torch model.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +36,13 @@ from aiayn.device import choose_precision
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.export_ct2 import import_ctranslate2, vocabulary
 from aiayn.export_dir import (
-    check_tokenizer,
     export_decode_config,
     export_model_config,
     read_export_meta,
 )
 from aiayn.export_onnx import OnnxModel
 from aiayn.tokenizer import Tokenizer
-from aiayn.translate import Translation, Translator
+from aiayn.translate import Translator
 
 # CTranslate2 divides a finished hypothesis's log-probability by |Y| ** length_penalty; at
 # exactly 0 its beam search also stops when the best beam ends. 1e-30 keeps |Y| ** x == 1.0f
@@ -124,24 +122,11 @@ class Ct2Translator(Translator):
         self.device = torch.device("cpu")
         self.precision = choose_precision("fp32", self.device)
 
-    def translate_hyps(
-        self,
-        lines: Sequence[str],
-        cfg: DecodeConfig,
-        *,
-        batch_tokens: int = 2048,
-        first_line_no: int = 1,
-    ) -> list[list[Translation]]:
-        """The `cfg.nbest` best translations of each line (one for an empty line), best first."""
-        check_ct2_settings(cfg)
-        return super().translate_hyps(
-            lines, cfg, batch_tokens=batch_tokens, first_line_no=first_line_no
-        )
-
     def _search(
         self, ids: list[list[int]], line_nos: list[int], cfg: DecodeConfig, batch_tokens: int
     ) -> list[list[Hypothesis]]:
         """CTranslate2's search, one call per output-length limit (its limit is per call)."""
+        check_ct2_settings(cfg)
         lengths = torch.tensor([len(x) for x in ids], dtype=torch.long)
         limits = max_output_lengths(lengths, cfg.max_len_a, cfg.max_len_b, self.model.cfg.max_len)
         by_limit: dict[int, list[int]] = {}
@@ -200,7 +185,7 @@ def load_translator(
     model_cfg = export_model_config(meta, directory)
     cfg = cfg or export_decode_config(meta, directory)
     tok = Tokenizer.load(directory)
-    check_tokenizer(tok, model_cfg, directory)
+    tok.check_fits(model_cfg, str(directory))
     if meta["engine"] == "onnxruntime":
         if device.strip().lower() not in ("auto", "cpu") or dtype not in ("auto", "fp32"):
             raise ConfigError("the ONNX engine runs in fp32 on the CPU: drop --device/--dtype")

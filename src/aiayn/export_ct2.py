@@ -32,14 +32,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from aiayn.atomic import atomic_dir, check_new_dir
-from aiayn.checkpoint import load_model_dir
+from aiayn.atomic import atomic_dir
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError, ConfigError
-from aiayn.export_dir import check_tokenizer, write_export_meta
+from aiayn.export_dir import load_source, write_export_meta
 from aiayn.model import DecoderLayer, EncoderLayer, Transformer
 from aiayn.tokenizer import JointTokenizer, MarianTokenizer, Tokenizer
-from aiayn.translate import saved_decode_config
 
 if TYPE_CHECKING:
     from ctranslate2.specs import TransformerSpec
@@ -208,11 +206,7 @@ def export_ctranslate2(model_dir: Path, out: Path, quantization: str = "float32"
         raise ConfigError(f"--quantization {quantization!r}: choose one of {list(QUANTIZATIONS)}")
     ct2 = import_ctranslate2()
 
-    check_new_dir(out)  # before anything is loaded
-    model = load_model_dir(model_dir, expect=Transformer)
-    tok = Tokenizer.load(model_dir)
-    check_tokenizer(tok, model.cfg, model_dir)
-    decode = saved_decode_config(model_dir)
+    model, tok, decode = load_source(model_dir, out)
     spec = transformer_spec(model, tok)
     spec.optimize(quantization=quantization)
     with atomic_dir(out) as tmp:

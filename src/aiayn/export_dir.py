@@ -16,10 +16,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from aiayn.atomic import atomic_write_json
+from aiayn.atomic import atomic_write_json, check_new_dir
+from aiayn.checkpoint import load_model_dir
 from aiayn.config import DecodeConfig, ModelConfig, from_dict, to_dict
 from aiayn.errors import CheckpointError, ConfigError
+from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
+from aiayn.translate import saved_decode_config
 
 EXPORT_FILE = "aiayn_export.json"
 EXPORT_FORMAT = "aiayn-export"
@@ -32,19 +35,14 @@ def is_export_dir(directory: str | Path) -> bool:
     return (Path(directory) / EXPORT_FILE).is_file()
 
 
-def check_tokenizer(tokenizer: Tokenizer, cfg: ModelConfig, directory: Path) -> None:
-    """The checks `Translator` makes: one vocabulary, one set of special ids."""
-    if tokenizer.vocab_size != cfg.vocab_size:
-        raise CheckpointError(
-            f"{directory}: the tokenizer has {tokenizer.vocab_size} pieces but the model "
-            f"expects {cfg.vocab_size}"
-        )
-    model_ids = {k: getattr(cfg, k) for k in tokenizer.special_ids}
-    if tokenizer.special_ids != model_ids:
-        raise CheckpointError(
-            f"{directory}: tokenizer special ids {tokenizer.special_ids} differ from the "
-            f"model's {model_ids}"
-        )
+def load_source(model_dir: Path, out: Path) -> tuple[Transformer, Tokenizer, DecodeConfig]:
+    """The model, tokenizer and search defaults to export, checked to fit each other; `out` is
+    refused first if it is taken, before anything is loaded."""
+    check_new_dir(out)
+    model = load_model_dir(model_dir, expect=Transformer)
+    tok = Tokenizer.load(model_dir)
+    tok.check_fits(model.cfg, str(model_dir))
+    return model, tok, saved_decode_config(model_dir)
 
 
 def write_export_meta(

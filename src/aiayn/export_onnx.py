@@ -29,15 +29,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from aiayn.atomic import atomic_dir, check_new_dir
-from aiayn.checkpoint import load_model_dir
+from aiayn.atomic import atomic_dir
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
-from aiayn.export_dir import check_tokenizer, write_export_meta
+from aiayn.export_dir import load_source, write_export_meta
 from aiayn.kv_cache import KVCache, Memory
 from aiayn.model import DecoderLayer, Transformer
-from aiayn.tokenizer import Tokenizer
-from aiayn.translate import saved_decode_config
 
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
@@ -173,11 +170,7 @@ def export_onnx(model_dir: Path, out: Path) -> Path:
     aiayn_export.json for the model in `model_dir` to `out`. Returns `out`."""
     ort = import_onnxruntime()
 
-    check_new_dir(out)  # before anything is loaded
-    model = load_model_dir(model_dir, expect=Transformer)
-    tok = Tokenizer.load(model_dir)
-    check_tokenizer(tok, model.cfg, model_dir)
-    decode = saved_decode_config(model_dir)
+    model, tok, decode = load_source(model_dir, out)
     with atomic_dir(out) as tmp:
         export_graphs(model, tmp)
         tok.save(tmp)

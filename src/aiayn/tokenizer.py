@@ -27,7 +27,7 @@ from typing import Literal
 import sentencepiece as spm
 
 from aiayn.atomic import atomic_write_bytes, atomic_write_json
-from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
 from aiayn.errors import CheckpointError, DataError
 
 TOKENIZER_FILE = "tokenizer.model"  # a JointTokenizer
@@ -92,6 +92,22 @@ class Tokenizer(ABC):
     def special_ids(self) -> dict[str, int]:
         """The ids a model trained on this vocabulary records (ModelConfig fields)."""
         return {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
+
+    def check_fits(self, cfg: ModelConfig, where: str = "") -> None:
+        """Raise unless a model with `cfg` was trained on this vocabulary (its size and special
+        ids); `where` (a directory) starts the message."""
+        prefix = f"{where}: " if where else ""
+        if self.vocab_size != cfg.vocab_size:
+            raise CheckpointError(
+                f"{prefix}the tokenizer has {self.vocab_size} pieces but the model expects "
+                f"{cfg.vocab_size}: they come from different runs"
+            )
+        model_ids = {k: getattr(cfg, k) for k in self.special_ids}
+        if self.special_ids != model_ids:
+            raise CheckpointError(
+                f"{prefix}the tokenizer's special ids {self.special_ids} differ from the model's "
+                f"{model_ids}: they come from different runs"
+            )
 
     def encode(
         self, text: str, *, bos: bool = False, eos: bool = True, side: Side = "source"

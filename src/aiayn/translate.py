@@ -100,17 +100,7 @@ class Translator:
         cfg: DecodeConfig | None = None,
         precision: Precision | None = None,
     ) -> None:
-        if tokenizer.vocab_size != model.cfg.vocab_size:
-            raise CheckpointError(
-                f"tokenizer has {tokenizer.vocab_size} pieces but the model expects "
-                f"{model.cfg.vocab_size}: they come from different runs"
-            )
-        model_ids = {k: getattr(model.cfg, k) for k in tokenizer.special_ids}
-        if tokenizer.special_ids != model_ids:
-            raise CheckpointError(
-                f"tokenizer special ids {tokenizer.special_ids} differ from the model's "
-                f"{model_ids}: they come from different runs"
-            )
+        tokenizer.check_fits(model.cfg)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.cfg = cfg or DecodeConfig()
