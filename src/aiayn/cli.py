@@ -119,6 +119,8 @@ def _add_search_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-len", type=int, help="no EOS before this many tokens (default 0)")
     p.add_argument("--max-len-a", type=float, help="max length = a * src_len + b (default 1.0)")
     p.add_argument("--max-len-b", type=int, help="(default 50)")
+    p.add_argument("--max-tokens", type=int, help="at most this many output tokens per sentence "
+                   "(default 0: the model's max_len)")  # fmt: skip
     _add_sampling_flags(p, "--top-k", "sample instead of searching")
     p.add_argument("--batch-tokens", type=int, default=2048, help="source tokens per batch")
     p.add_argument("--threads", type=int, default=0,
@@ -150,8 +152,8 @@ def _given_search_settings(args: argparse.Namespace, flags: dict[str, str]) -> d
 
 _SEARCH_FLAGS = {  # DecodeConfig field -> argparse dest
     "beam_size": "beam", "alpha": "alpha", "min_len": "min_len", "max_len_a": "max_len_a",
-    "max_len_b": "max_len_b", "nbest": "nbest", "temperature": "temperature", "top_k": "top_k",
-    "top_p": "top_p", "seed": "seed",
+    "max_len_b": "max_len_b", "max_tokens": "max_tokens", "nbest": "nbest",
+    "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "seed": "seed",
 }  # fmt: skip
 
 
@@ -668,6 +670,21 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-chars-per-sentence", type=int, default=1_000, help="(default 1000)")
     p.add_argument("--max-sentences", type=int, default=128, help="per request (default 128)")
     p.add_argument("--max-beam", type=int, default=8, help="largest beam/nbest (default 8)")
+    p.add_argument("--max-output-tokens", type=int, default=256,
+                   help="output tokens per sentence, and decoding steps an explanation traces "
+                   "(default 256; the model's max_len caps it too)")  # fmt: skip
+    p.add_argument("--max-rows", type=int, default=512,
+                   help="search rows (sentences x beam) of one request (default 512)")  # fmt: skip
+    p.add_argument("--max-trace-numbers", type=int, default=2_000_000,
+                   help="numbers one /v1/explain trace may hold (default 2000000)")  # fmt: skip
+    p.add_argument("--chunk-rows", type=int, default=128,
+                   help="search rows in one turn of the model worker: requests take turns "
+                   "(default 128)")  # fmt: skip
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a Host name clients may use besides loopback and --host (repeat; '*' "
+                   "= any; a wildcard --host accepts any without it)")  # fmt: skip
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web origin that may call the API (repeat; default none)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=30.0,
                    help="seconds a request may take, queueing included (default 30)")  # fmt: skip
     p.add_argument("--window-ms", type=float, default=10.0,
@@ -691,7 +708,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     except ImportError as e:  # the serve extra is optional
         raise AiaynError(f"serve needs the serve extra (pip install -e '.[serve]'): {e}") from None
     positive = ("max_chars_per_request", "max_chars_per_sentence", "max_sentences", "max_beam",
-                "timeout", "batch_tokens", "max_queue")  # fmt: skip
+                "timeout", "batch_tokens", "max_queue", "max_output_tokens", "max_rows",
+                "max_trace_numbers", "chunk_rows")  # fmt: skip
     for name in positive:
         if getattr(args, name) <= 0:
             raise AiaynError(f"--{name.replace('_', '-')} must be positive")
@@ -704,11 +722,13 @@ def _run_serve(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     limits = Limits(args.max_chars_per_request, args.max_chars_per_sentence, args.max_sentences,
-                    args.max_beam, args.timeout)  # fmt: skip
+                    args.max_beam, args.timeout, args.max_output_tokens, args.max_rows,
+                    args.max_trace_numbers)  # fmt: skip
     opts = ServeOptions(
         args.host, args.port, args.api_key or None, limits, args.window_ms, args.batch_tokens,
         args.max_queue, args.source_lang, args.target_lang, args.examples,
-        access_log=not args.no_access_log,
+        access_log=not args.no_access_log, allowed_hosts=tuple(args.allowed_host),
+        cors_origins=tuple(args.cors_origin), chunk_rows=args.chunk_rows,
     )  # fmt: skip
     counts = serve(args.model, opts, device=args.device, dtype=args.dtype,
                    announce=lambda line: print(line, flush=True))  # fmt: skip

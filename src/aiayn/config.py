@@ -178,6 +178,7 @@ class DecodeConfig:
     alpha: float = 0.6  # GNMT length penalty ((5 + |Y|) / 6) ** α
     max_len_a: float = 1.0  # max output length = a * source length + b
     max_len_b: int = 50
+    max_tokens: int = 0  # a hard cap on output tokens per sentence (0 = the model's max_len)
     min_len: int = 0
     nbest: int = 1
     sample: bool = False

@@ -17,11 +17,16 @@ T output length, V vocabulary, S source length, C = 2N candidates per sentence (
 Conventions (shared by every search here):
 - A hypothesis's `tokens` exclude BOS and EOS; `eos` says whether it ended with EOS.
 - `max_len` counts output tokens without EOS, per sentence `a * src_len + b` (src_len counts
-  the source's real tokens, its EOS included), capped by the model's `max_len`. A hypothesis
+  the source's real tokens, its EOS included), capped by the model's `max_len` and by
+  `cfg.max_tokens` when it is set (a server's work budget). A hypothesis
   that reaches it stops there without EOS, as in Hugging Face `generate()`.
 - PAD and BOS are never emitted; EOS is forbidden until a hypothesis has `min_len` tokens.
 - `log_prob` is the sum of the model's log-probabilities of the tokens (and of EOS when the
   hypothesis ended with it); `score = log_prob / length_penalty(len(tokens) + eos, alpha)`.
+
+Stopping a search: inside `with stop_when(condition):` every search calls `condition()` once
+per decoding step and raises `SearchStoppedError` when it is true (a server abandons the work of a
+client that left, or whose deadline passed, within one step).
 
 Observing a search: every search takes `on_step`, a function called once per decoding step
 with a `StepView` (what was live, what the model said, every candidate's fate). With
@@ -33,7 +38,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -41,7 +48,7 @@ import torch
 from torch import Tensor
 
 from aiayn.config import DecodeConfig, ModelConfig
-from aiayn.errors import ConfigError
+from aiayn.errors import AiaynError, ConfigError
 from aiayn.kv_cache import KVCache, Memory
 
 
@@ -80,6 +87,12 @@ def length_penalty(length: int, alpha: float) -> float:
 def max_output_lengths(src_len_B: Tensor, a: float, b: int, cap: int) -> Tensor:
     """Per-sentence output limit: floor(a * src_len + b), clamped to [1, cap]."""
     return (src_len_B.double() * a + b).floor().long().clamp(1, cap)
+
+
+def output_cap(cfg: DecodeConfig, model_max_len: int) -> int:
+    """The most output tokens any sentence may get: the model's positional table, or
+    `cfg.max_tokens` when that is smaller."""
+    return min(model_max_len, cfg.max_tokens) if cfg.max_tokens > 0 else model_max_len
 
 
 def top_k_filter(logits_RV: Tensor, k: int) -> Tensor:
@@ -138,11 +151,16 @@ def check_decode_config(cfg: DecodeConfig) -> None:
             cfg.sample or cfg.nbest <= cfg.beam_size,
             f"nbest={cfg.nbest} cannot exceed the beam size {cfg.beam_size}",
         ),
+        (
+            all(math.isfinite(x) for x in (cfg.alpha, cfg.temperature, cfg.top_p, cfg.max_len_a)),
+            "alpha, temperature, top_p and max_len_a must be finite numbers",
+        ),
         (cfg.temperature > 0, f"temperature must be positive, got {cfg.temperature}"),
         (0.0 < cfg.top_p <= 1.0, f"top_p must be in (0, 1], got {cfg.top_p}"),
         (cfg.top_k >= 0, f"top_k must be >= 0 (0 = off), got {cfg.top_k}"),
         (cfg.min_len >= 0, f"min_len must be >= 0, got {cfg.min_len}"),
         (cfg.max_len_a >= 0 and cfg.max_len_b >= 0, "max_len_a and max_len_b must be >= 0"),
+        (cfg.max_tokens >= 0, f"max_tokens must be >= 0 (0 = the model's), got {cfg.max_tokens}"),
         (cfg.alpha >= 0, f"length penalty alpha must be >= 0, got {cfg.alpha}"),
     ]
     for ok, message in checks:
@@ -234,8 +252,34 @@ def _inference(model: object) -> Iterator[None]:
 
 
 def _limits(model: Decodable, memory: Memory, cfg: DecodeConfig) -> Tensor:
-    src_len_B, cap = memory.keep_BS.sum(1), model.cfg.max_len
+    src_len_B, cap = memory.keep_BS.sum(1), output_cap(cfg, model.cfg.max_len)
     return max_output_lengths(src_len_B, cfg.max_len_a, cfg.max_len_b, cap)
+
+
+# --- stopping a search from outside ---------------------------------------------------------------
+
+
+class SearchStoppedError(AiaynError):
+    """A search's `stop_when` condition became true: its results are abandoned."""
+
+
+_STOP: ContextVar[Callable[[], bool] | None] = ContextVar("aiayn_stop", default=None)
+
+
+@contextlib.contextmanager
+def stop_when(condition: Callable[[], bool]) -> Iterator[None]:
+    """Every search in the block asks `condition()` once per step and stops when it is true."""
+    token = _STOP.set(condition)
+    try:
+        yield
+    finally:
+        _STOP.reset(token)
+
+
+def _check_stop(t: int) -> None:
+    condition = _STOP.get()
+    if condition is not None and condition():
+        raise SearchStoppedError(f"search stopped at step {t}")
 
 
 def _forbid(scores_RV: Tensor, model_cfg: ModelConfig, no_eos: bool) -> None:
@@ -291,6 +335,7 @@ def _search_single(
     rows_r = torch.arange(R, device=device)  # original row of each live row
     tok_r1 = src_BS.new_full((R, 1), special.bos_id)
     for t in range(T):
+        _check_stop(t)
         if cache is not None:
             logits_rV, cache = model.decode_step(tok_r1, memory, cache)
         else:  # recompute the whole prefix (the benchmark's and tests' reference)
@@ -522,6 +567,7 @@ def _beam_search(
     sents = list(range(B))  # original index of each live sentence
     ended: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(T):
+        _check_stop(t)
         b, n = scores_bn.shape
         logits_rV, cache = model.decode_step(tokens_rT[:, t : t + 1], memory, cache)
         lp_rV = logits_rV.float().log_softmax(-1)

@@ -31,7 +31,13 @@ from typing import Any
 import torch
 
 from aiayn.config import DecodeConfig, ModelConfig
-from aiayn.decode import Hypothesis, check_decode_config, length_penalty, max_output_lengths
+from aiayn.decode import (
+    Hypothesis,
+    check_decode_config,
+    length_penalty,
+    max_output_lengths,
+    output_cap,
+)
 from aiayn.device import choose_precision
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.export_ct2 import import_ctranslate2, vocabulary
@@ -128,7 +134,8 @@ class Ct2Translator(Translator):
         """CTranslate2's search, one call per output-length limit (its limit is per call)."""
         check_ct2_settings(cfg)
         lengths = torch.tensor([len(x) for x in ids], dtype=torch.long)
-        limits = max_output_lengths(lengths, cfg.max_len_a, cfg.max_len_b, self.model.cfg.max_len)
+        cap = output_cap(cfg, self.model.cfg.max_len)
+        limits = max_output_lengths(lengths, cfg.max_len_a, cfg.max_len_b, cap)
         by_limit: dict[int, list[int]] = {}
         for j, limit in enumerate(limits.tolist()):
             by_limit.setdefault(limit, []).append(j)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +40,7 @@ from aiayn.decode import (
     beam_search,
     greedy_search,
     max_output_lengths,
+    output_cap,
     sample_search,
     sample_seed,
 )
@@ -53,7 +55,8 @@ DESCRIPTIONS: dict[str, str] = {
     "embed.positions": "positional encoding PE(pos, i) (§3.5)",
     "embed.sum": "embedding + positional encoding: the input of layer 0",
     "q": "Q = x W^Q_h (queries of this head)",
-    "k": "K = m W^K_h (keys; m = x for self-attention, the encoder output for cross)",
+    "k": "K = m W^K_h (keys; m = x for self-attention, the encoder output for cross: "
+    "cross-attention's are shown at step 0 only, they are the same at every step)",
     "v": "V = m W^V_h (values)",
     "scores": "Q K^T (one dot product per query and key)",
     "scores_scaled": "Q K^T / sqrt(d_k)",
@@ -294,7 +297,14 @@ def _decoder_part(raw: dict[str, Tensor], t: int) -> dict[str, Tensor]:
     return {f"step{t}.{k}": v for k, v in raw.items() if k.startswith(("tgt_embed.", "decoder."))}
 
 
-def _recorder(out: Explanation, rec: Trace, tok: Tokenizer, top_k: int, bos_id: int) -> OnStep:
+def _recorder(
+    out: Explanation,
+    rec: Trace,
+    tok: Tokenizer,
+    top_k: int,
+    bos_id: int,
+    want: Callable[[str], bool] | None = None,
+) -> OnStep:
     """An `on_step` observer for a one-sentence greedy or sampling search run under `rec`:
     each step, it files what was recorded since the last one (the encoder's at the first)."""
 
@@ -311,7 +321,10 @@ def _recorder(out: Explanation, rec: Trace, tok: Tokenizer, top_k: int, bos_id: 
         logits_V = view.logits_RV[0].cpu()
         probs_V = torch.softmax(logits_V.float(), dim=-1)
         for leaf, x in (("logits", logits_V), ("probs", probs_V)):
-            out.entries[f"step{t}.{leaf}"] = Entry(f"step{t}.{leaf}", x, [fed_pieces[-1]], None, t)
+            if want is None or want(f"step{t}.{leaf}"):
+                out.entries[f"step{t}.{leaf}"] = Entry(
+                    f"step{t}.{leaf}", x, [fed_pieces[-1]], None, t
+                )
         p_k, i_k = probs_V.topk(min(top_k, probs_V.numel()))
         top = [(int(i), tok.pieces([int(i)])[0], float(p)) for p, i in zip(p_k, i_k, strict=True)]
         allowed_V = view.log_probs_RV[0].cpu() > float("-inf")
@@ -323,6 +336,25 @@ def _recorder(out: Explanation, rec: Trace, tok: Tokenizer, top_k: int, bos_id: 
     return on_step
 
 
+def _keeper(out: Explanation, want: Callable[[str], bool] | None) -> Callable[[str], bool]:
+    """What a trace of `explain` copies, by the model's tap name: what `want` asks for (by
+    stable name), never the generator's logits (the search's own are filed), and the
+    cross-attention K and V only at step 0 (they are the encoder output's, the same at every
+    step: copying them per step would cost steps x S x d_model numbers for nothing)."""
+
+    def keep(model_name: str) -> bool:
+        t, name = len(out.steps), stable_name(model_name)  # step t is being computed
+        if name.startswith("generator."):
+            return False
+        if not name.startswith("decoder."):
+            return want is None or want(name)
+        if t > 0 and name.endswith((".cross_attn.k", ".cross_attn.v")):
+            return False
+        return want is None or want(f"step{t}.{name}")
+
+    return keep
+
+
 def explain(
     model: Transformer,
     tok: Tokenizer,
@@ -332,6 +364,8 @@ def explain(
     max_len: int | None = None,
     cfg: DecodeConfig | None = None,
     line_no: int = 1,
+    want: Callable[[str], bool] | None = None,
+    max_numel: int | None = None,
 ) -> Explanation:
     """Trace the greedy (or, with `cfg.sample`, sampled) translation of `sentence`.
 
@@ -341,6 +375,9 @@ def explain(
         cfg: search settings (default `DecodeConfig()`); beam size and nbest are taken as 1.
         line_no: the sentence's line number for sampling seeds (`aiayn translate` numbers the
             lines of its input from 1), so a sample here is the one `translate` draws.
+        want: which intermediates to keep, by name (`View.shows`; default all): the rest are
+            never copied.
+        max_numel: the most numbers the trace may hold (TraceTooLargeError past it).
     Returns:
         An `Explanation` with the encoder pass and every decoding step `step{t}.*`.
     """
@@ -353,8 +390,8 @@ def explain(
     search = "sample" if cfg.sample else "greedy"
     out = Explanation(sentence, ids, tok.pieces(ids), [], [], "", _config_summary(model))
     out.search = search
-    with tracing() as rec:
-        on_step = _recorder(out, rec, tok, top_k, model.cfg.bos_id)
+    with tracing(keep=_keeper(out, want), max_numel=max_numel) as rec:
+        on_step = _recorder(out, rec, tok, top_k, model.cfg.bos_id, want)
         if cfg.sample:
             seed = sample_seed(cfg.seed, line_no)
             hyp = sample_search(model, src_BS, cfg, row_seeds=[seed], on_step=on_step)[0][0]
@@ -406,7 +443,8 @@ def trace_beam(
     cfg = _decode_config(cfg, max_len, sample=False, nbest=cfg.beam_size)
     ids = source_ids(model, tok, sentence)
     src_len = torch.tensor([len(ids)])
-    limit = int(max_output_lengths(src_len, cfg.max_len_a, cfg.max_len_b, model.cfg.max_len)[0])
+    cap = output_cap(cfg, model.cfg.max_len)
+    limit = int(max_output_lengths(src_len, cfg.max_len_a, cfg.max_len_b, cap)[0])
     out = BeamTrace(cfg.beam_size, cfg.alpha, limit)
     N = cfg.beam_size
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from aiayn.model import Transformer
     from aiayn.tokenizer import Tokenizer
 
+MAX_INDICES = 10_000  # more layers, heads or steps than any model has
 HEAD_LEAVES = ("q", "k", "v", "scores", "scores_scaled", "scores_masked", "weights", "output")
 SEARCH_NAME = {"greedy": "greedy translation", "sample": "sampled translation"}
 CHOSEN = {"greedy": "greedy: the most probable", "sample": "sampled"}
@@ -75,7 +76,10 @@ def parse_indices(text: str | None) -> tuple[int, ...] | None:
     try:
         for part in text.split(","):
             lo, sep, hi = part.strip().partition("-")
-            out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+            span = range(int(lo), int(hi) + 1) if sep else range(int(lo), int(lo) + 1)
+            if len(out) + len(span) > MAX_INDICES:  # "0-2000000000" would fill the memory
+                raise AiaynError(f"{text!r}: more than {MAX_INDICES:,} indices")
+            out.extend(span)
     except ValueError:
         raise AiaynError(f"{text!r}: expected numbers like '0,2' or '1-3'") from None
     return tuple(out)
@@ -392,7 +396,7 @@ def to_html(trace: Explanation, view: View | None = None) -> str:
     return "\n".join(parts)
 
 
-def _trace_settings(
+def trace_settings(
     cfg: DecodeConfig, top_k: int, max_len: int | None, beam: int, overrides: dict | None
 ) -> tuple[DecodeConfig, DecodeConfig]:
     """(the traced search's settings, the beam trace's), checked: a one-line AiaynError."""
@@ -423,17 +427,20 @@ def trace_sentence(
     max_len: int | None = None,
     beam: int = 0,
     overrides: dict[str, object] | None = None,
+    want: Callable[[str], bool] | None = None,
+    max_numel: int | None = None,
 ) -> Explanation:
     """The trace `aiayn explain` renders and `aiayn serve`'s /v1/explain sends.
 
     `cfg` is the model's saved search settings, with `overrides` (DecodeConfig fields)
     replaced; the traced search is greedy, or sampling when `sample` is set, and `beam` > 0
-    also traces beam search of that size.
+    also traces beam search of that size. `want` and `max_numel`: see `aiayn.explain.explain`.
     """
     from aiayn.explain import explain, trace_beam
 
-    cfg, beam_cfg = _trace_settings(cfg, top_k, max_len, beam, overrides)
-    trace = explain(model, tok, sentence, top_k=top_k, max_len=max_len, cfg=cfg)
+    cfg, beam_cfg = trace_settings(cfg, top_k, max_len, beam, overrides)
+    trace = explain(model, tok, sentence, top_k=top_k, max_len=max_len, cfg=cfg, want=want,
+                    max_numel=max_numel)  # fmt: skip
     if beam:
         trace.beam = trace_beam(model, tok, sentence, beam_cfg, max_len=max_len)
     return trace
@@ -461,7 +468,7 @@ def explain_report(
     from aiayn.translate import saved_decode_config
 
     cfg = saved_decode_config(model_dir)
-    _trace_settings(cfg, top_k, max_len, beam, overrides)  # bad settings fail before the load
+    trace_settings(cfg, top_k, max_len, beam, overrides)  # bad settings fail before the load
     model = load_model_dir(model_dir, resolve_device(device), expect=Transformer)
     tok = Tokenizer.load(model_dir)
     trace = trace_sentence(

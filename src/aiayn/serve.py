@@ -1,6 +1,6 @@
-"""`aiayn serve`: a trained model behind HTTP, and the live glass box in the browser (issue 13).
+"""`aiayn serve`: a trained model behind HTTP, and the live glass box in the browser.
 
-Endpoints (docs/serving.md has examples):
+Endpoints (docs/serving.md has examples; /openapi.json describes every body):
     GET  /                 the glass box page (static/serve.html: one file, no network)
     POST /translate        LibreTranslate's shape: {"q": str | [str], "source", "target",
                            "alternatives": N} -> {"translatedText", "alternatives"}
@@ -10,11 +10,18 @@ Endpoints (docs/serving.md has examples):
     GET  /v1/model         configuration, languages, sizes, limits, example sentences
     GET  /health           liveness (never needs the API key)
     GET  /metrics          Prometheus text format
+    GET  /docs, /openapi.json   the API, described
 
-Concurrent requests share the model through `aiayn.serve_batcher` (micro-batching); request
-bodies are read and checked by `aiayn.serve_requests`. Every
-error is JSON `{"error": "..."}`: 400 unreadable body or unsupported language, 401/403 API
-key, 404/405, 413 over a size limit, 422 invalid value, 503 busy, shutting down or timed out.
+Before any handler runs, `Guard` checks the Host header against an allowlist (DNS
+rebinding), the API key (every path but /health), the content type of a POST (JSON; forms
+only where LibreTranslate takes them, so a cross-site page cannot post without a CORS
+preflight), and reads the body with a cap (a chunked body too). Bodies are pydantic models
+(`aiayn.serve_requests`) whose bounds are this server's limits. Concurrent requests share the
+model through `aiayn.serve_batcher`, which bounds each turn's work and stops abandoned work
+within a decoding step. Every error is JSON `{"error": "..."}`: 400 unreadable body,
+unsupported language or Host, 401/403 API key, 404/405, 413 over a size limit, 415 content
+type, 422 invalid value, 503 busy, shutting down or timed out. The key never reaches a log:
+the access log is written here, without query strings.
 """
 
 from __future__ import annotations
@@ -24,18 +31,21 @@ import contextlib
 import dataclasses
 import hmac
 import ipaddress
+import json
 import logging
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -46,33 +56,33 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
 from aiayn import __version__
-from aiayn.config import to_dict
+from aiayn.config import DecodeConfig, to_dict
 from aiayn.errors import AiaynError
-from aiayn.explain_render import View, parse_indices, to_json, trace_sentence
+from aiayn.explain_render import View, to_json, trace_sentence, trace_settings
 from aiayn.serve_batcher import Batcher, BatchStats, ClosedError, ExpiredError, Job, QueueFullError
 from aiayn.serve_requests import (
-    EXPLAIN_FIELDS,
-    EXPLAIN_SEARCH,
-    SEARCH_FIELDS,
     ApiError,
+    ErrorBody,
+    HealthResponse,
+    LibreTranslateResponse,
     Limits,
+    V1TranslateResponse,
     check_sizes,
     example_sentences,
-    field,
-    indices,
     language_name,
     model_languages,
-    parse_body,
-    search_settings,
-    texts,
-    unknown_fields,
+    request_models,
+    validation_message,
 )
+from aiayn.tracing import TraceTooLargeError
 from aiayn.translate import Translation, Translator
 
 log = logging.getLogger("aiayn.serve")
+access_log = logging.getLogger("aiayn.serve.access")
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,9 @@ class ServeOptions:
     target_lang: str | None = None
     examples: Path | None = None
     access_log: bool = True
+    allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides loopback and the bound one
+    cors_origins: tuple[str, ...] = ()  # origins a browser may call the API from (none: no CORS)
+    chunk_rows: int = 128  # search rows in one turn of the model worker
 
 
 # --- metrics --------------------------------------------------------------------------------------
@@ -137,8 +150,9 @@ class Metrics:
 
 
 class Accounting:
-    """Pure ASGI middleware: metrics for every response, and the count of requests accepted
-    and answered (logged at shutdown: nothing accepted is lost on SIGTERM)."""
+    """Pure ASGI middleware, outermost: metrics and the access log for every response (the
+    path only: a query string can hold the API key), and the count of requests accepted and
+    answered (logged at shutdown: nothing accepted is lost on SIGTERM)."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], server: Server) -> None:
         self.app, self.server, self.metrics = app, server, server.metrics
@@ -161,23 +175,154 @@ class Accounting:
         try:
             await self.app(scope, receive, counted)
         finally:
+            seconds = time.perf_counter() - t0
             endpoint = scope["path"] if scope["path"] in PATHS else "other"
             self.metrics.requests.labels(endpoint, str(status)).inc()
-            self.metrics.latency.labels(endpoint).observe(time.perf_counter() - t0)
+            self.metrics.latency.labels(endpoint).observe(seconds)
+            if self.server.opts.access_log:
+                client = scope.get("client") or ("-", 0)
+                access_log.info('%s "%s %s" %d %.1f ms', client[0], scope["method"],
+                                scope["path"], status, 1000 * seconds)  # fmt: skip
+
+
+JSON_ONLY = ("/v1/translate", "/v1/explain")
+JSON_OR_FORM = ("/translate", "/detect")  # LibreTranslate's clients send forms too
+NO_KEY = ("/health",)
+
+
+class Guard:
+    """Pure ASGI middleware in front of every handler (module docstring): Host, content type,
+    API key and the body, read with a cap; the handlers then read the body it kept."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], server: Server) -> None:
+        self.app, self.server = app, server
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await self.check(scope, receive)
+        except ApiError as e:
+            await _error(e.status, str(e))(scope, receive, send)
+            return
+        if body is None:
+            await self.app(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:  # the body once, then the connection's own messages (disconnect)
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def check(self, scope: dict, receive: Callable) -> bytes | None:
+        """The body of a POST (None for other methods), once every check has passed."""
+        server, path = self.server, scope["path"]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        server.check_host(headers.get("host", ""))
+        key = server.opts.api_key is not None and path not in NO_KEY
+        given = _key_in(headers, scope.get("query_string", b"")) if key else None
+        if given is not None:
+            server.check_key(given)  # a wrong key is refused before the body is read
+        if scope["method"] != "POST":
+            if key and given is None:
+                server.check_key(None)
+            return None
+        body = await _read_body(receive, headers.get("content-length"), server.max_body)
+        if key and given is None:  # before anything is said about the body
+            server.check_key(_key_in_body(body, headers.get("content-type", "")))
+        _check_content_type(path, headers.get("content-type", ""))
+        return body
+
+
+def _key_in(headers: dict[str, str], query: bytes) -> str | None:
+    """The key of a Bearer header, or of `?api_key=` (how the page is opened)."""
+    auth = headers.get("authorization", "")
+    if auth.lower().startswith("bearer ") and auth[7:].strip():
+        return auth[7:].strip()
+    values = parse_qs(query.decode("latin-1")).get("api_key")
+    return values[0] if values else None
+
+
+def _key_in_body(body: bytes, content_type: str) -> str | None:
+    """LibreTranslate's clients send the key as `api_key` in the JSON body or the form."""
+    with contextlib.suppress(ValueError, UnicodeDecodeError):
+        if _media_type(content_type) == "application/x-www-form-urlencoded":
+            return parse_qs(body.decode("utf-8")).get("api_key", [None])[0]
+        value = json.loads(body).get("api_key")
+        return value if isinstance(value, str) else None
+    return None
+
+
+def _media_type(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def _check_content_type(path: str, content_type: str) -> None:
+    media = _media_type(content_type)
+    if path in JSON_ONLY and media != "application/json":
+        raise ApiError(415, f"send the body as JSON (Content-Type: application/json), not "
+                            f"{media or 'no content type'}")  # fmt: skip
+    if path in JSON_OR_FORM and media not in ("application/json",
+                                              "application/x-www-form-urlencoded"):  # fmt: skip
+        raise ApiError(415, "send the body as JSON (application/json) or a form "
+                            f"(application/x-www-form-urlencoded), not "
+                            f"{media or 'no content type'}")  # fmt: skip
+
+
+async def _read_body(receive: Callable, length: str | None, cap: int) -> bytes:
+    """The whole body, refused (413) as soon as it passes `cap` bytes: by its Content-Length
+    when it has one, else while it streams in (chunked)."""
+    if length is not None:
+        if not length.strip().isdigit():
+            raise ApiError(400, f"invalid Content-Length {length[:20]!r}")
+        if int(length) > cap:
+            raise ApiError(413, f"the body has {int(length)} bytes; the limit is {cap}")
+    parts, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ApiError(499, "client closed the request")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > cap:
+            raise ApiError(413, f"the body has more than {cap} bytes; the limit is {cap}")
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(parts)
 
 
 # --- the app --------------------------------------------------------------------------------------
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    headers = {**(headers or {}), **({"WWW-Authenticate": "Bearer"} if status == 401 else {})}
+    return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
 
 def _hypothesis(t: Translation) -> dict[str, Any]:
     h = t.hyp
     return {"text": t.text, "tokens": h.tokens, "log_prob": h.log_prob, "score": h.score,
             "eos": h.eos}  # fmt: skip
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": what}
+    for status, what in [
+        (400, "unreadable body, unsupported language pair or Host"),
+        (401, "an API key is required"), (403, "invalid API key"),
+        (413, "over a size limit (body, characters, sentences, rows or trace size)"),
+        (415, "the body is not JSON (or, for LibreTranslate's endpoints, a form)"),
+        (422, "an invalid field"), (503, "busy, shutting down or timed out"),
+    ]
+}  # fmt: skip
+
+EXPLAIN_SEARCH = ("alpha", "min_len", "sample", "temperature", "top_p", "seed")
 
 
 class Server:
@@ -190,48 +335,48 @@ class Server:
         if opts.source_lang and opts.target_lang:
             self.languages = (opts.source_lang, opts.target_lang)
         self.examples = example_sentences(model_dir, opts.examples)
+        cfg = translator.model.cfg
+        self.models = request_models(self.limits, self.languages, cfg.n_layers, cfg.n_heads)
         self.batcher = Batcher(
             translator, window_s=opts.window_ms / 1000, batch_tokens=opts.batch_tokens,
-            max_queue=opts.max_queue,
+            chunk_rows=opts.chunk_rows, max_queue=opts.max_queue,
         )  # fmt: skip
         self.metrics = Metrics(self.batcher.queued)
         self.batcher.on_batch = self.metrics.batch
         self.accepted = self.answered = 0  # counted by `Accounting`
-        self.max_body = 4 * self.limits.max_chars_per_request + 65_536  # UTF-8 and JSON escapes
+        self.max_body = self.limits.max_body_bytes
+        self.allowed_hosts = allowed_hosts(opts.host, opts.allowed_hosts)
 
     # --- per request ----------------------------------------------------------------------------
 
-    async def body(self, request: Request) -> dict[str, Any]:
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > self.max_body:
-            raise ApiError(413, f"the body has {length} bytes; the limit is {self.max_body}")
-        ctype = request.headers.get("content-type", "")
-        try:
-            body = parse_body(await request.body(), ctype, self.max_body)
-        except ApiError:
-            self.check_key(request)  # without a key, say that first (not what is wrong inside)
-            raise
-        self.check_key(request, body.get("api_key"))
-        return body
+    def check_host(self, host_header: str) -> None:
+        """DNS rebinding: a page on another site that resolves its name to 127.0.0.1 sends
+        its own name as Host. None = any Host (a wildcard bind without --allowed-host)."""
+        if self.allowed_hosts is None:
+            return
+        host = host_header.strip().lower()
+        name = host.rpartition("]")[0] + "]" if host.startswith("[") else host.partition(":")[0]
+        if name not in self.allowed_hosts:
+            raise ApiError(400, f"Host {host_header[:100]!r} is not served here; add it with "
+                                "--allowed-host")  # fmt: skip
 
-    def check_key(self, request: Request, in_body: object = None) -> None:
-        """The API key (when the server has one): a Bearer header, `api_key` in the JSON body
-        (LibreTranslate's clients) or in the query string (the page's address)."""
+    def check_key(self, given: str | None) -> None:
         if self.opts.api_key is None:
             return
-        auth = request.headers.get("authorization", "")
-        given = auth[7:].strip() if auth.lower().startswith("bearer ") else None
-        given = given or (in_body if isinstance(in_body, str) else None)
-        given = given or request.query_params.get("api_key")
         if not given:
             raise ApiError(401, "an API key is required: send 'Authorization: Bearer KEY' "
                                 "or \"api_key\" in the body")  # fmt: skip
         if not hmac.compare_digest(given.encode(), self.opts.api_key.encode()):
             raise ApiError(403, "invalid API key")
 
+    def capped(self, cfg: DecodeConfig, max_tokens: int | None = None) -> DecodeConfig:
+        """`cfg` within the server's output budget per sentence (--max-output-tokens)."""
+        limit = self.limits.max_output_tokens
+        return dataclasses.replace(cfg, max_tokens=min(max_tokens or limit, limit))
+
     async def run(self, request: Request, submit: Callable[[], Job]) -> Any:
-        """Queue a job for the model and wait for it: 503 when it cannot be answered in time,
-        and the job is dropped if the client goes away first."""
+        """Queue a job for the model and wait for it: 503 when it cannot be answered in time;
+        the job is abandoned (within one decoding step) if the client goes away first."""
         try:
             job = submit()
         except QueueFullError as e:
@@ -239,63 +384,79 @@ class Server:
         except ClosedError as e:
             raise ApiError(503, str(e)) from None
         waiting = asyncio.wrap_future(job.future)
-        while True:
-            left = job.deadline - time.monotonic()
-            if left <= 0:
-                job.cancel()
-                self.metrics.dropped.labels("timeout").inc()
-                raise ApiError(503, f"timed out after {self.limits.timeout_s:g} s (--timeout)")
-            done, _ = await asyncio.wait({waiting}, timeout=min(0.05, left))
-            if done:
-                try:
-                    return waiting.result()
-                except ExpiredError as e:
+        try:
+            while True:
+                left = job.deadline - time.monotonic()
+                if left <= 0:
                     self.metrics.dropped.labels("timeout").inc()
-                    raise ApiError(503, f"{e} (--timeout {self.limits.timeout_s:g} s)") from None
-                except AiaynError as e:
-                    raise ApiError(422, str(e)) from None
-            if await request.is_disconnected():
-                job.cancel()
-                self.metrics.dropped.labels("disconnected").inc()
-                raise ApiError(499, "client closed the request")
+                    raise ApiError(503, f"timed out after {self.limits.timeout_s:g} s (--timeout)")
+                done, _ = await asyncio.wait({waiting}, timeout=min(0.05, left))
+                if done:
+                    return self._result(waiting)
+                if await request.is_disconnected():
+                    self.metrics.dropped.labels("disconnected").inc()
+                    raise ApiError(499, "client closed the request")
+        finally:
+            job.cancel()  # a no-op once answered; else the worker drops what is left
 
-    def translate(self, request: Request, lines: list[str], cfg: Any) -> Awaitable[Any]:
+    def _result(self, waiting: asyncio.Future) -> Any:
+        try:
+            return waiting.result()
+        except ExpiredError as e:
+            self.metrics.dropped.labels("timeout").inc()
+            raise ApiError(503, f"{e} (--timeout {self.limits.timeout_s:g} s)") from None
+        except TraceTooLargeError as e:
+            raise ApiError(413, f"{e} (--max-trace-numbers)") from None
+        except AiaynError as e:
+            raise ApiError(422, str(e)) from None
+
+    def translate(self, request: Request, lines: list[str], cfg: DecodeConfig) -> Awaitable[Any]:
         timeout = self.limits.timeout_s
         return self.run(request, lambda: self.batcher.translate(lines, cfg, timeout))
 
-    def check_languages(self, body: dict[str, Any]) -> None:
-        source, target = field(body, "source", str), field(body, "target", str)
-        if not self.languages:
-            return  # a model that records no languages accepts any pair
-        src, tgt = self.languages
-        if source not in (src, "auto", None) or target not in (tgt, None):
-            raise ApiError(400, f"this model translates {src} -> {tgt} "
-                                f"({language_name(src)} to {language_name(tgt)}); "
-                                f"got {source} -> {target}")  # fmt: skip
+    async def form(self, request: Request, model: type[BaseModel]) -> Any:
+        """A LibreTranslate body (JSON or a form; `Guard` has read and capped it) as `model`."""
+        raw = await request.body()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ApiError(400, f"the body is not valid UTF-8 (byte {e.start})") from None
+        if _media_type(request.headers.get("content-type", "")) == "application/json":
+            try:
+                data = json.loads(text)
+            except ValueError as e:
+                raise ApiError(400, f"invalid JSON: {e}") from None
+        else:
+            fields = parse_qs(text, keep_blank_values=True)
+            data = {k: (v if k == "q" and len(v) > 1 else v[0]) for k, v in fields.items()}
+        if not isinstance(data, dict):
+            raise ApiError(400, f"the body must be a JSON object, not {type(data).__name__}")
+        try:
+            return model.model_validate(data)
+        except ValidationError as e:
+            first = e.errors()[0]
+            if self.languages and first["loc"][:1] in (("source",), ("target",)):
+                src, tgt = self.languages  # LibreTranslate answers 400 for a pair it lacks
+                raise ApiError(400, f"this model translates {src} -> {tgt} ({language_name(src)} "
+                                    f"to {language_name(tgt)}); got {data.get('source')} -> "
+                                    f"{data.get('target')}") from None  # fmt: skip
+            raise ApiError(422, validation_message(e.errors())) from None
 
     # --- endpoints ------------------------------------------------------------------------------
 
     async def libre_translate(self, request: Request) -> dict[str, Any]:
-        body = await self.body(request)
-        items, single = texts(body)
-        self.check_languages(body)
-        fmt = field(body, "format", str, "text")
-        if fmt not in ("text", "html"):
-            raise ApiError(422, f"'format' must be 'text', got {fmt!r}")
-        if fmt == "html":
-            raise ApiError(400, "format 'html' is not supported: send plain text")
-        n_alt = field(body, "alternatives", int, 0)
-        if not 0 <= n_alt < self.limits.max_beam:
-            raise ApiError(422, f"'alternatives' must be between 0 and "
-                                f"{self.limits.max_beam - 1} (--max-beam)")  # fmt: skip
+        body = await self.form(request, self.models.libre_translate)
+        single = isinstance(body.q, str)
+        items = [body.q] if single else body.q
+        n_alt = body.alternatives
         # LibreTranslate translates text: each line is a sentence, line breaks are kept.
         split = [s.split("\n") for s in items]
         lines = [line for parts in split for line in parts]
-        check_sizes(lines, self.limits)
-        cfg = self.translator.cfg
+        cfg = self.capped(self.translator.cfg)
         if n_alt:
             beam = max(cfg.beam_size, n_alt + 1)
             cfg = dataclasses.replace(cfg, beam_size=beam, nbest=n_alt + 1, sample=False)
+        check_sizes(lines, self.limits, cfg.nbest if cfg.sample else cfg.beam_size)
         results = await self.translate(request, lines, cfg)
         out, alts, start = [], [], 0
         for parts in split:
@@ -307,63 +468,58 @@ class Server:
         reply: dict[str, Any] = {"translatedText": out[0] if single else out}
         if n_alt:
             reply["alternatives"] = alts[0] if single else alts
-        if field(body, "source", str) == "auto" and self.languages:
+        if body.source == "auto" and self.languages:
             detected = {"confidence": 100.0, "language": self.languages[0]}
             reply["detectedLanguage"] = detected if single else [detected] * len(items)
         return reply
 
-    async def v1_translate(self, request: Request) -> dict[str, Any]:
-        body = await self.body(request)
-        unknown_fields(body, {"q", "api_key", *SEARCH_FIELDS})
-        items, _ = texts(body)
-        check_sizes(items, self.limits)
-        cfg = search_settings(body, self.translator, self.limits)
+    async def v1_translate(self, request: Request, body: Any) -> dict[str, Any]:
+        items = [body.q] if isinstance(body.q, str) else body.q
+        given = body.model_dump(exclude_none=True, exclude={"q", "api_key"})
+        fields = {"beam": "beam_size"}
+        given = {fields.get(k, k): v for k, v in given.items()}
+        max_tokens = given.pop("max_tokens", None)
+        cfg = self.capped(self.translator.cfg, max_tokens)
+        sample = given.get("sample", cfg.sample)
+        if "nbest" in given and not sample:  # n-best of a beam search needs a beam that wide
+            given["beam_size"] = max(given.get("beam_size", cfg.beam_size), given["nbest"])
+        try:
+            cfg = self.translator.settings(**{**dataclasses.asdict(cfg), **given})
+        except AiaynError as e:
+            raise ApiError(422, str(e)) from None
+        check_sizes(items, self.limits, cfg.nbest if cfg.sample else cfg.beam_size)
         results = await self.translate(request, items, cfg)
         translations = [{"text": r[0].text, "hypotheses": [_hypothesis(t) for t in r]}
                         for r in results]  # fmt: skip
         return {"translations": translations, "settings": dataclasses.asdict(cfg)}
 
-    async def v1_explain(self, request: Request) -> dict[str, Any]:
-        body = await self.body(request)
-        unknown_fields(body, EXPLAIN_FIELDS)
-        sentence = field(body, "q", str)
-        if not sentence or not sentence.strip():
-            raise ApiError(422, "'q' is missing or empty: give one sentence to explain")
-        check_sizes([sentence], self.limits)
-        beam = field(body, "beam", int, 0)
-        if not 0 <= beam <= self.limits.max_beam:
-            raise ApiError(422, f"'beam' must be between 0 and {self.limits.max_beam} "
-                                "(--max-beam; 0 = no beam trace)")  # fmt: skip
-        top_k = field(body, "top_k", int, 5)
-        if not 1 <= top_k <= 100:
-            raise ApiError(422, "'top_k' (next-token candidates shown) must be in 1..100")
-        max_len = field(body, "max_len", int)
-        if max_len is not None and max_len < 1:
-            raise ApiError(422, f"'max_len' must be at least 1, got {max_len}")
-        overrides = {}  # DecodeConfig fields; sampling's top_k is sent as sample_top_k
-        for name, kind in EXPLAIN_SEARCH.items():
-            value = field(body, "sample_top_k" if name == "top_k" else name, kind)
-            if value is not None:
-                overrides[name] = value
+    async def v1_explain(self, request: Request, body: Any) -> dict[str, Any]:
+        overrides: dict[str, object] = {
+            k: v for k in EXPLAIN_SEARCH if (v := getattr(body, k)) is not None
+        }
+        if body.sample_top_k is not None:
+            overrides["top_k"] = body.sample_top_k  # sampling's top-k (`top_k`: shown candidates)
+        t = self.translator
+        cfg = self.capped(t.cfg)
         try:
-            layers, heads, steps = (parse_indices(indices(body, k))
-                                    for k in ("layers", "heads", "steps"))  # fmt: skip
-            view = View(layers, heads, steps, field(body, "dims", int, 8),
-                        field(body, "precision", int, 4))  # fmt: skip
+            trace_settings(cfg, body.top_k, body.max_len, body.beam, overrides)
         except AiaynError as e:
             raise ApiError(422, str(e)) from None
-        tensors = field(body, "tensors", str, "all")
-        if tensors not in ("all", "attention"):
-            raise ApiError(422, "'tensors' must be 'all' or 'attention' (the weights only)")
-        t = self.translator
+        tuple_or_none = lambda xs: None if xs is None else tuple(xs)  # noqa: E731
+        view = View(tuple_or_none(body.layers), tuple_or_none(body.heads),
+                    tuple_or_none(body.steps), body.dims, body.precision)  # fmt: skip
+        attention_only = body.tensors == "attention"
+
+        def want(name: str) -> bool:  # what is returned is all that is recorded
+            return view.shows(name) and (not attention_only or name.endswith(".weights"))
 
         def work() -> dict[str, Any]:
-            trace = trace_sentence(t.model, t.tokenizer, sentence, t.cfg, top_k=top_k,
-                                   max_len=max_len, beam=beam, overrides=overrides)  # fmt: skip
-            out = to_json(trace, view)
-            if tensors == "attention":
-                out["tensors"] = [x for x in out["tensors"] if x["name"].endswith(".weights")]
-            return out
+            trace = trace_sentence(
+                t.model, t.tokenizer, body.q, cfg, top_k=body.top_k, max_len=body.max_len,
+                beam=body.beam, overrides=overrides, want=want,
+                max_numel=self.limits.max_trace_numbers,
+            )  # fmt: skip
+            return to_json(trace, view)
 
         timeout = self.limits.timeout_s
         return await self.run(request, lambda: self.batcher.call(work, timeout))
@@ -385,6 +541,38 @@ class Server:
         }
 
 
+def allowed_hosts(bound: str, extra: tuple[str, ...]) -> frozenset[str] | None:
+    """The Host names served: loopback names, the bound address and `extra`; None (any) for
+    `--allowed-host '*'`, or a wildcard bind (0.0.0.0, ::) without --allowed-host, which is
+    only allowed with an API key, and whose clients use names this process cannot know."""
+    if "*" in extra or (not extra and bound in ("0.0.0.0", "::", "")):
+        return None
+    names = {"localhost", "127.0.0.1", "[::1]", *(h.lower() for h in extra)}
+    names.add(f"[{bound}]" if ":" in bound else bound.lower())
+    return frozenset(names)
+
+
+def _form_body(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI for a body that is JSON or a form, both described by `model`."""
+    schema = model.model_json_schema()
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": schema},
+        "application/x-www-form-urlencoded": {"schema": schema},
+    }}}  # fmt: skip
+
+
+def _with_body(handler: Callable[..., Any], model: type[BaseModel]) -> Callable[..., Any]:
+    """FastAPI reads a body's model from the handler's annotation; ours are built per server
+    (their bounds are its limits), so the annotation is set here."""
+
+    async def endpoint(request: Request, body: Any) -> Any:
+        return await handler(request, body)
+
+    endpoint.__annotations__ = {"request": Request, "body": model, "return": Any}
+    endpoint.__name__ = handler.__name__
+    return endpoint
+
+
 def create_app(translator: Translator, model_dir: Path, opts: ServeOptions) -> FastAPI:
     """The FastAPI app; its lifespan stops the model worker after the last answer."""
     server: Server | None = None
@@ -400,6 +588,7 @@ def create_app(translator: Translator, model_dir: Path, opts: ServeOptions) -> F
     server = Server(translator, model_dir, opts)
     app.state.server = server
     page = resources.files("aiayn").joinpath("static/serve.html").read_text(encoding="utf-8")
+    models = server.models
 
     @app.exception_handler(ApiError)
     async def api_error(_r: Request, e: ApiError) -> JSONResponse:
@@ -407,12 +596,14 @@ def create_app(translator: Translator, model_dir: Path, opts: ServeOptions) -> F
 
     @app.exception_handler(HTTPException)
     async def http_error(_r: Request, e: HTTPException) -> JSONResponse:
-        return _error(e.status_code, str(e.detail))
+        return _error(e.status_code, str(e.detail), e.headers)  # a 405 keeps its Allow
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_r: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0] if e.errors() else {}
-        return _error(422, f"{'.'.join(map(str, first.get('loc', ())))}: {first.get('msg', e)}")
+        errors = list(e.errors())
+        if errors and errors[0].get("type") == "json_invalid":
+            return _error(400, f"invalid JSON: {errors[0].get('ctx', {}).get('error', '')}")
+        return _error(422, validation_message(errors))
 
     @app.exception_handler(Exception)
     async def internal_error(_r: Request, e: Exception) -> JSONResponse:
@@ -420,45 +611,49 @@ def create_app(translator: Translator, model_dir: Path, opts: ServeOptions) -> F
         return _error(500, f"internal error: {type(e).__name__}")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def index(request: Request) -> HTMLResponse:
-        server.check_key(request)
+    async def index() -> HTMLResponse:
         return HTMLResponse(page)
 
-    @app.get("/health")
+    @app.get("/health", response_model=HealthResponse)
     async def health() -> dict[str, Any]:
         # in_flight: other requests accepted and not yet answered (this one is not counted)
         in_flight = server.accepted - server.answered - 1
         return {"status": "ok", "queued": server.batcher.queued(), "in_flight": in_flight}
 
     @app.get("/metrics", include_in_schema=False)
-    async def metrics(request: Request) -> Response:
-        server.check_key(request)
+    async def metrics() -> Response:
         return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/model")
-    async def model(request: Request) -> dict[str, Any]:
-        server.check_key(request)
+    @app.get("/v1/model", responses=ERRORS)
+    async def model() -> dict[str, Any]:
         return server.model_info()
 
-    @app.get("/languages")
-    async def languages(request: Request) -> list[dict[str, Any]]:
-        server.check_key(request)
+    @app.get("/languages", responses=ERRORS)
+    async def languages() -> list[dict[str, Any]]:
         if not server.languages:
             return []
         src, tgt = server.languages
         return [{"code": src, "name": language_name(src), "targets": [tgt]},
                 {"code": tgt, "name": language_name(tgt), "targets": []}]  # fmt: skip
 
-    @app.post("/detect")
+    @app.post("/detect", responses=ERRORS, openapi_extra=_form_body(models.detect))
     async def detect(request: Request) -> list[dict[str, Any]]:
-        body = await server.body(request)
-        texts(body)
+        await server.form(request, models.detect)
         langs = server.languages
         return [{"confidence": 100.0, "language": langs[0]}] if langs else []
 
-    app.post("/translate")(server.libre_translate)
-    app.post("/v1/translate")(server.v1_translate)
-    app.post("/v1/explain")(server.v1_explain)
+    app.post("/translate", response_model=LibreTranslateResponse, responses=ERRORS,
+             response_model_exclude_none=True,
+             openapi_extra=_form_body(models.libre_translate))(server.libre_translate)  # fmt: skip
+    app.post("/v1/translate", response_model=V1TranslateResponse, responses=ERRORS)(
+        _with_body(server.v1_translate, models.v1_translate)
+    )
+    app.post("/v1/explain", responses=ERRORS)(_with_body(server.v1_explain, models.v1_explain))
+    app.add_middleware(Guard, server=server)  # type: ignore[arg-type]
+    if opts.cors_origins:  # outside the Guard: preflights carry no key
+        app.add_middleware(CORSMiddleware, allow_origins=list(opts.cors_origins),
+                           allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])  # fmt: skip
     app.add_middleware(Accounting, server=server)  # type: ignore[arg-type]
     return app
 
@@ -505,8 +700,11 @@ def serve(model_dir: Path, opts: ServeOptions, *, device: str = "auto", dtype: s
     app = create_app(translator, model_dir, opts)
     sock = listen(opts.host, opts.port)
     host, port = sock.getsockname()[:2]
-    config = uvicorn.Config(app, log_level="info", access_log=opts.access_log,
-                            timeout_keep_alive=5)  # fmt: skip
+    # uvicorn's own access log would write query strings (and so `?api_key=`): `Accounting`
+    # writes one without them.
+    config = uvicorn.Config(app, log_level="info", access_log=False, timeout_keep_alive=5)
+    if opts.access_log:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     server = uvicorn.Server(config)
     where = f"[{host}]" if ":" in host else host
     announce(f"aiayn serve: {model_dir} ({translator.device}) on http://{where}:{port}/")

@@ -1,21 +1,25 @@
-"""What a request to `aiayn serve` may say: bodies read and checked, fields typed, sizes
-against the limits, search settings; and what a model directory tells the server (its
-languages, example sentences). Every refusal is an `ApiError`: an HTTP status and one line.
-"""
+"""What a request to `aiayn serve` may say, as pydantic models, and what a model directory tells
+the server (its languages, example sentences).
 
-from __future__ import annotations
+The models are built per server (`request_models`): their bounds are that server's limits and
+that model's languages, layers and heads, so `/openapi.json` states exactly what is accepted
+and a client generator or a fuzzer learns the real API from it. aiayn's own endpoints (`/v1/*`)
+are strict JSON (no type coercion, no NaN or Infinity, no unknown fields); LibreTranslate's
+(`/translate`, `/detect`) also take HTML forms, whose fields are strings, so they coerce.
+
+What a schema cannot say is checked after validation and refused with an `ApiError`: the
+characters of a whole request and the search rows (sentences x beam) it asks for.
+"""
 
 import contextlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qs
+from typing import Annotated, Any, Literal
 
-from aiayn.config import RUN_CONFIG_FILE, DecodeConfig
-from aiayn.errors import AiaynError
-from aiayn.translate import Translator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from aiayn.config import RUN_CONFIG_FILE
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,14 @@ class Limits:
     max_sentences: int = 128
     max_beam: int = 8
     timeout_s: float = 30.0  # from arrival to answer, queueing included
+    max_output_tokens: int = 256  # per sentence (and the most decoding steps of an explanation)
+    max_rows: int = 512  # sentences x beam (or x samples) of one request
+    max_trace_numbers: int = 2_000_000  # numbers one /v1/explain trace may hold
+
+    @property
+    def max_body_bytes(self) -> int:
+        """A JSON body's bytes at most: UTF-8 (up to 4 bytes a character), escapes, fields."""
+        return 4 * self.max_chars_per_request + 65_536
 
 
 class ApiError(Exception):
@@ -39,22 +51,38 @@ class ApiError(Exception):
 
 # --- what the model directory records -------------------------------------------------------------
 
-_LANG = re.compile(r"^[a-z]{2,3}(?:[-_][A-Za-z]{2,4})?$")
+# File suffixes corpora use that babel would read as languages (Sardinian, Toki Pona).
+_NOT_LANGUAGES = {"src", "tok"}
 
 
 def _run_config(directory: Path) -> dict[str, Any]:
-    try:
+    """The model directory's run_config.json; {} when it has none or it is unreadable (the
+    server then only lacks languages and examples, which it can be told by flags)."""
+    with contextlib.suppress(OSError, ValueError):
         table = json.loads((directory / RUN_CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return table if isinstance(table, dict) else {}
+        if isinstance(table, dict):
+            return table
+    return {}
+
+
+def is_language_code(code: str) -> bool:
+    """A language code babel knows (en, de, pt_BR, sr-Latn, yue), not a file suffix."""
+    from babel import Locale, UnknownLocaleError
+
+    if not code or code.lower() in _NOT_LANGUAGES or not code.replace("-", "").isalpha():
+        return False
+    try:
+        Locale.parse(code.replace("-", "_"))
+    except (ValueError, UnknownLocaleError):
+        return False
+    return True
 
 
 def model_languages(directory: Path) -> tuple[str, str] | None:
     """(source, target) language codes a model directory records: an imported model's
     (`aiayn import marian` writes them under `imported`), else the training files' suffixes in
     `run_config.json` (`train.en` / `train.de` -> ("en", "de"), as the quick start and Multi30k
-    name them); None when neither names two different language codes."""
+    name them, but not `train.src` / `train.tok`); None when neither names two languages."""
     config = _run_config(directory)
     imported, train = config.get("imported", {}), config.get("train", {})
     if isinstance(imported, dict) and imported.get("source_lang"):
@@ -64,7 +92,7 @@ def model_languages(directory: Path) -> tuple[str, str] | None:
         codes = (Path(src).suffix.lstrip("."), Path(tgt).suffix.lstrip("."))
     else:
         return None
-    if all(_LANG.match(c) for c in codes) and codes[0] != codes[1]:
+    if all(is_language_code(c) for c in codes) and codes[0] != codes[1]:
         return codes[0], codes[1]
     return None
 
@@ -73,7 +101,8 @@ def example_sentences(directory: Path, given: Path | None, n: int = 12) -> list[
     """Sentences for the page's picker: `given`, else the run's validation sources (found as
     recorded or as `../data/valid.*` beside the model, the quick start's layout)."""
     candidates = [given] if given else []
-    valid = str(_run_config(directory).get("train", {}).get("valid_src", "") or "")
+    train = _run_config(directory).get("train", {})
+    valid = str(train.get("valid_src", "") or "") if isinstance(train, dict) else ""
     if valid:
         candidates += [Path(valid), directory.parent / "data" / Path(valid).name]
     for path in candidates:
@@ -92,68 +121,204 @@ def language_name(code: str) -> str:
         return code
 
 
-# --- reading requests -----------------------------------------------------------------------------
+# --- request bodies -------------------------------------------------------------------------------
 
 
-def parse_body(raw: bytes, content_type: str, max_bytes: int) -> dict[str, Any]:
-    """The request body as a dict: JSON, or a form (LibreTranslate's clients send both)."""
-    if len(raw) > max_bytes:
-        raise ApiError(413, f"the body has {len(raw)} bytes; the limit is {max_bytes}")
+def _encodable(text: str) -> str:
+    """JSON can carry lone surrogates ("\\ud800") that no UTF-8 text can hold."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ApiError(400, f"the body is not valid UTF-8 (byte {e.start})") from None
-    form_type = content_type.startswith("application/x-www-form-urlencoded")
-    if form_type and not text.lstrip().startswith("{"):  # curl -d '{...}' sends this type too
-        form = parse_qs(text, keep_blank_values=True)
-        return {k: (v if k == "q" and len(v) > 1 else v[0]) for k, v in form.items()}
-    if not text.strip():
-        raise ApiError(400, "the body is empty: send a JSON object")
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ApiError(400, f"invalid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, f"the body must be a JSON object, not {type(body).__name__}")
-    return body
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the text is not valid Unicode (a lone surrogate)") from None
+    return text
 
 
-_TYPES: dict[type, str] = {int: "an integer", float: "a number", bool: "true or false",
-                           str: "a string"}  # fmt: skip
+def _text(max_length: int, *, required: bool = False) -> Any:
+    """A string of at most `max_length` characters (`required`: with some non-space text)."""
+    field = Field(max_length=max_length, pattern=r"\S" if required else None)
+    return Annotated[str, field, AfterValidator(_encodable)]
 
 
-def field(body: dict[str, Any], name: str, kind: type, default: Any = None) -> Any:
-    """`body[name]` checked to be of `kind` (a form's strings are converted), else `default`."""
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, str) and kind is not str:  # form fields are strings
-        with contextlib.suppress(ValueError):
-            value = {"true": True, "false": False}[value] if kind is bool else kind(value)
-    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value, ok = float(value), True
-    if not ok:
-        raise ApiError(422, f"'{name}' must be {_TYPES[kind]}, got {json.dumps(value)[:40]}")
-    return value
+class StrictBody(BaseModel):
+    """aiayn's JSON bodies: no unknown fields, no coercion, finite numbers only."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
-def texts(body: dict[str, Any]) -> tuple[list[str], bool]:
-    """(the texts of `q`, whether q was a single string)."""
-    q = body.get("q")
-    if q is None:
-        raise ApiError(422, "'q' is missing: give the text to translate")
-    single = isinstance(q, str)
-    items = [q] if single else q
-    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-        raise ApiError(422, "'q' must be a string or a list of strings")
-    if not items or not any(s.strip() for s in items):
-        raise ApiError(422, "'q' is empty: give the text to translate")
-    return items, single
+class FormBody(BaseModel):
+    """LibreTranslate's bodies (JSON or a form, whose fields are strings): coerced."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-def check_sizes(lines: list[str], limits: Limits) -> None:
-    """413 for a request over one of the size limits, naming the limit."""
+class ErrorBody(BaseModel):
+    error: str = Field(description="what is wrong, in one line")
+
+
+class Hypothesis(BaseModel):
+    text: str
+    tokens: list[int] = Field(description="target ids, without BOS and EOS")
+    log_prob: float = Field(description="sum of the tokens' log-probabilities (EOS included)")
+    score: float = Field(description="log_prob / length penalty: what the search ranks by")
+    eos: bool = Field(description="false when the output stopped at its length limit")
+
+
+class TranslationOut(BaseModel):
+    text: str
+    hypotheses: list[Hypothesis]
+
+
+class V1TranslateResponse(BaseModel):
+    translations: list[TranslationOut]
+    settings: dict[str, Any] = Field(description="the search settings used (DecodeConfig)")
+
+
+class Detected(BaseModel):
+    confidence: float
+    language: str
+
+
+class LibreTranslateResponse(BaseModel):
+    translatedText: str | list[str]
+    alternatives: list[str] | list[list[str]] | None = None
+    detectedLanguage: Detected | list[Detected] | None = None
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"]
+    queued: int
+    in_flight: int
+
+
+@dataclass(frozen=True)
+class RequestModels:
+    """The body models of one server (`request_models`)."""
+
+    libre_translate: type[FormBody]
+    detect: type[FormBody]
+    v1_translate: type[StrictBody]
+    v1_explain: type[StrictBody]
+
+
+def request_models(
+    limits: Limits, languages: tuple[str, str] | None, n_layers: int, n_heads: int
+) -> RequestModels:
+    """Body models whose bounds are this server's limits and this model's shape."""
+    Sentence = _text(limits.max_chars_per_sentence)
+    OneText = _text(limits.max_chars_per_request, required=True)
+    Lines = Annotated[list[Sentence], Field(min_length=1, max_length=limits.max_sentences)]
+    BeamSize = Annotated[int, Field(ge=1, le=limits.max_beam)]
+    Tokens = Annotated[int, Field(ge=0, le=limits.max_output_tokens)]
+    Key = Annotated[str | None, Field(description="the API key (or 'Authorization: Bearer')")]
+    if languages:
+        SourceT: Any = Literal[languages[0], "auto"]
+        TargetT: Any = Literal[languages[1]]
+    else:  # a model that records no languages accepts any pair
+        SourceT = TargetT = Annotated[str, Field(max_length=32)]
+
+    class LibreTranslateRequest(FormBody):
+        """LibreTranslate's /translate: each line of each text is a sentence."""
+
+        q: OneText | Annotated[list[OneText], Field(min_length=1)]
+        source: SourceT | None = None
+        target: TargetT | None = None
+        format: Literal["text"] = Field("text", description="plain text only (no 'html')")
+        alternatives: Annotated[int, Field(ge=0, le=limits.max_beam - 1)] = 0
+        api_key: Key = None
+
+    class DetectRequest(FormBody):
+        q: OneText | Annotated[list[OneText], Field(min_length=1)]
+        api_key: Key = None
+
+    class V1TranslateRequest(StrictBody):
+        """aiayn's own: the search, and every hypothesis with its scores. Unset fields take
+        the model's saved settings; `nbest` over `beam` widens the beam to `nbest`."""
+
+        q: _text(limits.max_chars_per_sentence, required=True) | Lines
+        beam: BeamSize | None = None
+        nbest: BeamSize | None = None
+        alpha: Annotated[float, Field(ge=0, le=10)] | None = None
+        sample: bool | None = None
+        temperature: Annotated[float, Field(gt=0, le=100)] | None = None
+        top_k: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+        top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+        seed: Annotated[int, Field(ge=0, le=2**62)] | None = None
+        min_len: Tokens | None = None
+        max_len_a: Annotated[float, Field(ge=0, le=100)] | None = None
+        max_len_b: Tokens | None = None
+        max_tokens: Annotated[int, Field(ge=1, le=limits.max_output_tokens)] | None = None
+        api_key: Key = None
+
+    Layer = Annotated[int, Field(ge=0, le=max(n_layers - 1, 0))]
+    Head = Annotated[int, Field(ge=1, le=n_heads)]
+    Step = Annotated[int, Field(ge=0, le=limits.max_output_tokens - 1)]
+
+    class V1ExplainRequest(StrictBody):
+        """One sentence traced: what `aiayn explain --format json` prints. `layers`, `heads`
+        and `steps` choose what is kept (default all); `tensors: "attention"` keeps the
+        attention weights only."""
+
+        q: _text(limits.max_chars_per_sentence, required=True)
+        beam: Annotated[int, Field(ge=0, le=limits.max_beam)] = 0
+        top_k: Annotated[int, Field(ge=1, le=100)] = 5
+        max_len: Annotated[int, Field(ge=1, le=limits.max_output_tokens)] | None = None
+        alpha: Annotated[float, Field(ge=0, le=10)] | None = None
+        min_len: Tokens | None = None
+        sample: bool | None = None
+        temperature: Annotated[float, Field(gt=0, le=100)] | None = None
+        sample_top_k: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+        top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+        seed: Annotated[int, Field(ge=0, le=2**62)] | None = None
+        layers: Annotated[list[Layer], Field(max_length=n_layers)] | None = None
+        heads: Annotated[list[Head], Field(max_length=n_heads)] | None = None
+        steps: Annotated[list[Step], Field(max_length=limits.max_output_tokens)] | None = None
+        dims: Annotated[int, Field(ge=1, le=4096)] = 8
+        precision: Annotated[int, Field(ge=0, le=12)] = 4
+        tensors: Literal["all", "attention"] = "all"
+        api_key: Key = None
+
+    return RequestModels(LibreTranslateRequest, DetectRequest, V1TranslateRequest,
+                         V1ExplainRequest)  # fmt: skip
+
+
+def validation_message(errors: list[Any]) -> str:
+    """pydantic's first error as one line: `'beam': Input should be ... (got 9)`."""
+    if not errors:
+        return "invalid request"
+    first = errors[0]
+    if len(errors) > 1 and len({_field(e) for e in errors}) == 1:  # a union: every branch failed
+        value = first.get("input")
+        if not isinstance(value, str | list):
+            return f"'{_field(first)}': must be a string or a list of strings (got {_shown(first)})"
+        # the error of the branch of the value's own kind (a str branch's errors come first)
+        kind = [e for e in errors if any(str(p).startswith("list") for p in e["loc"])]
+        first = first if isinstance(value, str) or not kind else kind[0]
+    # A union's branch names (`str`, `chain[...]`, `list[...]`) say nothing to a client: the
+    # place is the field and the list index.
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_branch(p)]
+    where = f"'{'.'.join(loc)}': " if loc else ""
+    if first.get("type") == "string_pattern_mismatch":  # the only pattern: some text (\S)
+        return f"{where}no text to translate (empty or only spaces)"
+    got = f" (got {_shown(first)})" if "input" in first and first["type"] != "missing" else ""
+    return f"{where}{first.get('msg', 'invalid')}{got}"
+
+
+def _is_branch(part: object) -> bool:
+    return isinstance(part, str) and ("[" in part or part in ("str", "list", "int"))
+
+
+def _field(error: Any) -> object:
+    loc = [p for p in error.get("loc", ()) if p != "body"]
+    return loc[0] if loc else None
+
+
+def _shown(error: Any) -> str:
+    return json.dumps(error.get("input"), default=str)[:40]
+
+
+def check_sizes(lines: list[str], limits: Limits, rows_per_line: int = 1) -> None:
+    """413 for a request over what no schema states: its sentences after line splitting, its
+    characters in all, one sentence's characters, and its search rows (sentences x beam)."""
     if len(lines) > limits.max_sentences:
         raise ApiError(413, f"{len(lines)} sentences; the limit is {limits.max_sentences} "
                             "(--max-sentences)")  # fmt: skip
@@ -166,49 +331,7 @@ def check_sizes(lines: list[str], limits: Limits) -> None:
             limit = limits.max_chars_per_sentence
             raise ApiError(413, f"sentence {i} has {len(s)} characters; the limit is {limit} "
                                 "(--max-chars-per-sentence)")  # fmt: skip
-
-
-# /v1 request field -> (DecodeConfig field, type)
-SEARCH_FIELDS: dict[str, tuple[str, type]] = {
-    "beam": ("beam_size", int), "alpha": ("alpha", float), "nbest": ("nbest", int),
-    "sample": ("sample", bool), "temperature": ("temperature", float),
-    "top_k": ("top_k", int), "top_p": ("top_p", float), "seed": ("seed", int),
-    "min_len": ("min_len", int), "max_len_a": ("max_len_a", float),
-    "max_len_b": ("max_len_b", int),
-}  # fmt: skip
-EXPLAIN_SEARCH: dict[str, type] = {"alpha": float, "min_len": int, "sample": bool,
-                                   "temperature": float, "top_k": int, "top_p": float,
-                                   "seed": int}  # fmt: skip
-EXPLAIN_FIELDS = {"q", "api_key", "beam", "top_k", "max_len", "alpha", "min_len", "sample",
-                  "temperature", "sample_top_k", "top_p", "seed", "layers", "heads", "steps",
-                  "dims", "precision", "tensors"}  # fmt: skip
-
-
-def unknown_fields(body: dict[str, Any], known: set[str]) -> None:
-    extra = sorted(set(body) - known)
-    if extra:
-        raise ApiError(422, f"unknown field '{extra[0]}'; known: {', '.join(sorted(known))}")
-
-
-def search_settings(body: dict[str, Any], translator: Translator, limits: Limits) -> DecodeConfig:
-    """The DecodeConfig a /v1/translate body asks for (the model's defaults for the rest)."""
-    given = {f: field(body, name, kind) for name, (f, kind) in SEARCH_FIELDS.items()}
-    given = {k: v for k, v in given.items() if v is not None}
-    for name in ("beam_size", "nbest"):
-        if given.get(name, 1) > limits.max_beam:
-            raise ApiError(422, f"{name} {given[name]} is over the limit of {limits.max_beam} "
-                                "(--max-beam)")  # fmt: skip
-    try:
-        return translator.settings(**given)
-    except AiaynError as e:
-        raise ApiError(422, str(e)) from None
-
-
-def indices(body: dict[str, Any], name: str) -> str | None:
-    """A view field as `parse_indices` text: "0,2" / "1-3" / [0, 2] / null (all)."""
-    value = body.get(name)
-    if isinstance(value, list) and all(isinstance(v, int) for v in value):
-        return ",".join(map(str, value))
-    if value is None or isinstance(value, str):
-        return value
-    raise ApiError(422, f"'{name}' must be a list of integers or text like '0,2' or '1-3'")
+    rows = len(lines) * rows_per_line
+    if rows > limits.max_rows:
+        raise ApiError(413, f"{len(lines)} sentences x {rows_per_line} = {rows} search rows; "
+                            f"the limit is {limits.max_rows} (--max-rows)")  # fmt: skip

@@ -11,7 +11,7 @@ math path so that every number (Q, K, V, scores, weights...) exists. When none i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -20,24 +20,47 @@ import torch
 from torch import Tensor
 
 
+class TraceTooLargeError(Exception):
+    """A trace would hold more numbers than its `max_numel` allows."""
+
+
 @dataclass
 class Trace:
-    """Named intermediates of one traced forward pass, in the order they were computed."""
+    """Named intermediates of one traced forward pass, in the order they were computed.
+
+    `keep(name)` (when set) decides what is copied at all, so a trace that is asked for a
+    part (some layers, the attention weights) never holds the rest; `max_numel` bounds the
+    numbers it holds in all (a server's work budget): past it, `record` raises TraceTooLargeError.
+    """
 
     tensors: dict[str, Tensor] = field(default_factory=dict)
     prefix: str = ""
+    keep: Callable[[str], bool] | None = None
+    max_numel: int | None = None
+    numel: int = 0  # numbers copied so far, over the trace's life
 
     def record(self, name: str, x: Tensor) -> None:
-        self.tensors[self.prefix + name] = x.detach().clone()
+        name = self.prefix + name
+        if self.keep is not None and not self.keep(name):
+            return
+        self.numel += x.numel()
+        if self.max_numel is not None and self.numel > self.max_numel:
+            raise TraceTooLargeError(
+                f"the trace would hold more than {self.max_numel:,} numbers: ask for fewer "
+                "layers, heads or steps, or the attention weights only"
+            )
+        self.tensors[name] = x.detach().clone()
 
 
 _TRACE: ContextVar[Trace | None] = ContextVar("aiayn_trace", default=None)
 
 
 @contextmanager
-def tracing(prefix: str = "") -> Iterator[Trace]:
-    """Record every named intermediate computed inside the `with` block."""
-    trace = Trace(prefix=prefix)
+def tracing(
+    prefix: str = "", keep: Callable[[str], bool] | None = None, max_numel: int | None = None
+) -> Iterator[Trace]:
+    """Record every named intermediate computed inside the `with` block (those `keep` wants)."""
+    trace = Trace(prefix=prefix, keep=keep, max_numel=max_numel)
     token = _TRACE.set(trace)
     try:
         yield trace

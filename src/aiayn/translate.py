@@ -42,6 +42,7 @@ class Translation:
 
     text: str
     hyp: Hypothesis
+    src_tokens: int = 0  # the source's length in tokens, its EOS included (0 for an empty line)
 
 
 # --- reading text ---------------------------------------------------------------------------------
@@ -176,8 +177,10 @@ class Translator:
         line_nos = [first_line_no + i for i in todo]
         ids = [self._fit(x, n) for x, n in zip(ids, line_nos, strict=True)]
         found = self._search(ids, line_nos, cfg, batch_tokens)
-        for i, hyps in zip(todo, found, strict=True):
-            results[i] = [Translation(one_line(self.tokenizer.decode(h.tokens)), h) for h in hyps]
+        for i, src, hyps in zip(todo, ids, found, strict=True):
+            results[i] = [
+                Translation(one_line(self.tokenizer.decode(h.tokens)), h, len(src)) for h in hyps
+            ]
         return results
 
     def _search(
