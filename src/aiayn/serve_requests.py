@@ -1,3 +1,6 @@
+# The body models' field types are built at run time from the server's limits (bounds a
+# static type cannot hold); mypy sees them as variables, pydantic as the types they are.
+# mypy: disable-error-code="valid-type"
 """What a request to `aiayn serve` may say, as pydantic models, and what a model directory tells
 the server (its languages, example sentences).
 
