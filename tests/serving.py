@@ -17,11 +17,13 @@ SRC = Path(aiayn.__file__).resolve().parent.parent  # the aiayn these tests impo
 class ServerProcess:
     """`python -m aiayn serve --model DIR --port 0 FLAGS...`, started and waited for."""
 
-    def __init__(self, model_dir: Path, *flags: str, env: dict[str, str] | None = None):
+    def __init__(self, model_dir: Path, *flags: str, env: dict[str, str] | None = None,
+                 access_log: bool = False):  # fmt: skip
         child_env = {**os.environ, **(env or {})}
         child_env["PYTHONPATH"] = os.pathsep.join([str(SRC), child_env.get("PYTHONPATH", "")])
+        quiet = [] if access_log else ["--no-access-log"]
         cmd = [sys.executable, "-m", "aiayn", "serve", "--model", str(model_dir), "--port", "0",
-               "--threads", "1", "--no-access-log", *flags]  # fmt: skip
+               "--threads", "1", *quiet, *flags]  # fmt: skip
         self.err = tempfile.TemporaryFile("w+")  # noqa: SIM115  (a file, not a pipe: never blocks)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.err, text=True,
                                      env=child_env)  # fmt: skip
@@ -47,6 +49,11 @@ class ServerProcess:
             self.proc.kill()
             out, _ = self.proc.communicate()
         return self.proc.returncode, out, self.stderr()
+
+    def rss_mb(self) -> float:
+        """The server's resident memory now (Linux /proc), in MiB."""
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024
 
     def stderr(self) -> str:
         self.err.seek(0)

@@ -677,9 +677,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="search rows (sentences x beam) of one request (default 512)")  # fmt: skip
     p.add_argument("--max-trace-numbers", type=int, default=2_000_000,
                    help="numbers one /v1/explain trace may hold (default 2000000)")  # fmt: skip
-    p.add_argument("--chunk-rows", type=int, default=128,
+    p.add_argument("--chunk-rows", type=int, default=64,
                    help="search rows in one turn of the model worker: requests take turns "
-                   "(default 128)")  # fmt: skip
+                   "(default 64)")  # fmt: skip
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="a Host name clients may use besides loopback and --host (repeat; '*' "
                    "= any; a wildcard --host accepts any without it)")  # fmt: skip

@@ -100,7 +100,7 @@ class ServeOptions:
     access_log: bool = True
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides loopback and the bound one
     cors_origins: tuple[str, ...] = ()  # origins a browser may call the API from (none: no CORS)
-    chunk_rows: int = 128  # search rows in one turn of the model worker
+    chunk_rows: int = 64  # search rows in one turn of the model worker
 
 
 # --- metrics --------------------------------------------------------------------------------------

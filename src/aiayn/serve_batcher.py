@@ -122,7 +122,7 @@ class Batcher:
         *,
         window_s: float = 0.01,
         batch_tokens: int = 2048,
-        chunk_rows: int = 128,
+        chunk_rows: int = 64,
         max_batch_sentences: int = 256,
         max_queue: int = 1000,
         on_batch: Callable[[BatchStats], None] | None = None,
@@ -186,15 +186,14 @@ class Batcher:
                     break
                 assert isinstance(first, Job)
                 jobs, stopping = self._gather(first)
-            else:
-                jobs, stopped = self._take_queued() if not stopping else ([], False)
-                stopping |= stopped
-            active.extend(self._groups(jobs))
-            if active:
-                group = active.popleft()
-                self._turn(group)
-                if group.chunks:
-                    active.append(group)  # round robin: the others go first
+                active.extend(self._groups(jobs))
+            group = active.popleft()
+            self._turn(group)
+            if not stopping:  # what arrived meanwhile goes before the group's next turn
+                jobs, stopping = self._take_queued()
+                active.extend(self._groups(jobs))
+            if group.chunks:
+                active.append(group)  # round robin: the others go first
 
     def _gather(self, first: Job) -> tuple[list[Job], bool]:
         """`first` plus what arrives within the window (or until the batch is full)."""
