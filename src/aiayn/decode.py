@@ -112,6 +112,7 @@ def top_p_filter(logits_RV: Tensor, p: float) -> Tensor:
     probs_RV = sorted_RV.softmax(-1)
     mass_before_RV = probs_RV.cumsum(-1) - probs_RV  # mass of the strictly better tokens
     drop_sorted_RV = mass_before_RV >= p
+    drop_sorted_RV[:, 0] = False  # even when p rounds to 0 in the logits' type
     drop_RV = drop_sorted_RV.scatter(-1, order_RV, drop_sorted_RV)
     return logits_RV.masked_fill(drop_RV, float("-inf"))
 
@@ -494,8 +495,13 @@ def sample_search(
         raise ValueError(f"{len(seeds)} row seeds for {B} sentences")
     u_RT = _uniforms(seeds, n, model.cfg.max_len).to(device)
 
+    # A tiny temperature must not overflow into NaN: shifted so each row's best is 0, the
+    # scaled scores are 0 for the best and -inf at worst (dividing by at least the type's
+    # smallest normal number: a float64 temperature can be 0 in float32).
     def pick(lp_rV: Tensor, rows_r: Tensor, t: int) -> tuple[Tensor, Tensor]:
-        logits_rV = top_p_filter(top_k_filter(lp_rV / cfg.temperature, cfg.top_k), cfg.top_p)
+        temperature = max(cfg.temperature, torch.finfo(lp_rV.dtype).tiny)
+        scaled_rV = (lp_rV - lp_rV.max(-1, keepdim=True).values) / temperature
+        logits_rV = top_p_filter(top_k_filter(scaled_rV, cfg.top_k), cfg.top_p)
         next_r = inverse_cdf_sample(logits_rV.softmax(-1), u_RT[rows_r, t])
         return next_r, lp_rV.gather(1, next_r[:, None])[:, 0]
 

@@ -421,7 +421,8 @@ class Server:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ApiError(400, f"the body is not valid UTF-8 (byte {e.start})") from None
-        if _media_type(request.headers.get("content-type", "")) == "application/json":
+        strict = _media_type(request.headers.get("content-type", "")) == "application/json"
+        if strict:  # JSON has types: only a form's strings are converted
             try:
                 data = json.loads(text)
             except ValueError as e:
@@ -432,7 +433,7 @@ class Server:
         if not isinstance(data, dict):
             raise ApiError(400, f"the body must be a JSON object, not {type(data).__name__}")
         try:
-            return model.model_validate(data)
+            return model.model_validate(data, strict=strict)
         except ValidationError as e:
             first = e.errors()[0]
             if self.languages and first["loc"][:1] in (("source",), ("target",)):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from aiayn.config import RUN_CONFIG_FILE
 
@@ -136,6 +136,16 @@ def _encodable(text: str) -> str:
     return text
 
 
+def _whole(value: object) -> object:
+    """JSON Schema's integers include 10.0: a float with no fraction is taken as an int."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _int(ge: int, le: int) -> Any:
+    """An integer in [ge, le] (strict otherwise: not true, not "2")."""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_whole)]
+
+
 def _text(max_length: int, *, required: bool = False) -> Any:
     """A string of at most `max_length` characters (`required`: with some non-space text)."""
     field = Field(max_length=max_length, pattern=r"\S" if required else None)
@@ -210,9 +220,12 @@ def request_models(
     Sentence = _text(limits.max_chars_per_sentence)
     OneText = _text(limits.max_chars_per_request, required=True)
     Lines = Annotated[list[Sentence], Field(min_length=1, max_length=limits.max_sentences)]
-    BeamSize = Annotated[int, Field(ge=1, le=limits.max_beam)]
-    Tokens = Annotated[int, Field(ge=0, le=limits.max_output_tokens)]
+    BeamSize = _int(1, limits.max_beam)
+    Tokens = _int(0, limits.max_output_tokens)
     Key = Annotated[str | None, Field(description="the API key (or 'Authorization: Bearer')")]
+    # A form field is a string or absent, never null: the form models' optional fields are
+    # typed without None (their default is None), so their schema offers no null to send.
+    FormKey = Annotated[str, Field(description="the API key (or 'Authorization: Bearer')")]
     if languages:
         SourceT: Any = Literal[languages[0], "auto"]
         TargetT: Any = Literal[languages[1]]
@@ -223,15 +236,15 @@ def request_models(
         """LibreTranslate's /translate: each line of each text is a sentence."""
 
         q: OneText | Annotated[list[OneText], Field(min_length=1)]
-        source: SourceT | None = None
-        target: TargetT | None = None
+        source: SourceT = None
+        target: TargetT = None
         format: Literal["text"] = Field("text", description="plain text only (no 'html')")
-        alternatives: Annotated[int, Field(ge=0, le=limits.max_beam - 1)] = 0
-        api_key: Key = None
+        alternatives: _int(0, limits.max_beam - 1) = 0
+        api_key: FormKey = None
 
     class DetectRequest(FormBody):
         q: OneText | Annotated[list[OneText], Field(min_length=1)]
-        api_key: Key = None
+        api_key: FormKey = None
 
     class V1TranslateRequest(StrictBody):
         """aiayn's own: the search, and every hypothesis with its scores. Unset fields take
@@ -243,18 +256,18 @@ def request_models(
         alpha: Annotated[float, Field(ge=0, le=10)] | None = None
         sample: bool | None = None
         temperature: Annotated[float, Field(gt=0, le=100)] | None = None
-        top_k: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+        top_k: _int(0, 1_000_000) | None = None
         top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-        seed: Annotated[int, Field(ge=0, le=2**62)] | None = None
+        seed: _int(0, 2**53 - 1) | None = None
         min_len: Tokens | None = None
         max_len_a: Annotated[float, Field(ge=0, le=100)] | None = None
         max_len_b: Tokens | None = None
-        max_tokens: Annotated[int, Field(ge=1, le=limits.max_output_tokens)] | None = None
+        max_tokens: _int(1, limits.max_output_tokens) | None = None
         api_key: Key = None
 
-    Layer = Annotated[int, Field(ge=0, le=max(n_layers - 1, 0))]
-    Head = Annotated[int, Field(ge=1, le=n_heads)]
-    Step = Annotated[int, Field(ge=0, le=limits.max_output_tokens - 1)]
+    Layer = _int(0, max(n_layers - 1, 0))
+    Head = _int(1, n_heads)
+    Step = _int(0, limits.max_output_tokens - 1)
 
     class V1ExplainRequest(StrictBody):
         """One sentence traced: what `aiayn explain --format json` prints. `layers`, `heads`
@@ -262,21 +275,21 @@ def request_models(
         attention weights only."""
 
         q: _text(limits.max_chars_per_sentence, required=True)
-        beam: Annotated[int, Field(ge=0, le=limits.max_beam)] = 0
-        top_k: Annotated[int, Field(ge=1, le=100)] = 5
-        max_len: Annotated[int, Field(ge=1, le=limits.max_output_tokens)] | None = None
+        beam: _int(0, limits.max_beam) = 0
+        top_k: _int(1, 100) = 5
+        max_len: _int(1, limits.max_output_tokens) | None = None
         alpha: Annotated[float, Field(ge=0, le=10)] | None = None
         min_len: Tokens | None = None
         sample: bool | None = None
         temperature: Annotated[float, Field(gt=0, le=100)] | None = None
-        sample_top_k: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+        sample_top_k: _int(0, 1_000_000) | None = None
         top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-        seed: Annotated[int, Field(ge=0, le=2**62)] | None = None
+        seed: _int(0, 2**53 - 1) | None = None
         layers: Annotated[list[Layer], Field(max_length=n_layers)] | None = None
         heads: Annotated[list[Head], Field(max_length=n_heads)] | None = None
         steps: Annotated[list[Step], Field(max_length=limits.max_output_tokens)] | None = None
-        dims: Annotated[int, Field(ge=1, le=4096)] = 8
-        precision: Annotated[int, Field(ge=0, le=12)] = 4
+        dims: _int(1, 4096) = 8
+        precision: _int(0, 12) = 4
         tensors: Literal["all", "attention"] = "all"
         api_key: Key = None
 
@@ -289,7 +302,7 @@ def validation_message(errors: list[Any]) -> str:
     if not errors:
         return "invalid request"
     first = errors[0]
-    if len(errors) > 1 and len({_field(e) for e in errors}) == 1:  # a union: every branch failed
+    if _field(first) == "q" and all(_field(e) == "q" for e in errors[1:]):  # a union failed
         value = first.get("input")
         if not isinstance(value, str | list):
             return f"'{_field(first)}': must be a string or a list of strings (got {_shown(first)})"
