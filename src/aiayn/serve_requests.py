@@ -1,6 +1,7 @@
 # The body models' field types are built at run time from the server's limits (bounds a
-# static type cannot hold); mypy sees them as variables, pydantic as the types they are.
-# mypy: disable-error-code="valid-type"
+# static type cannot hold); mypy sees them as variables, pydantic as the types they are, and
+# a form field defaults to None without being nullable (see `FormKey`).
+# mypy: disable-error-code="valid-type, assignment"
 """What a request to `aiayn serve` may say, as pydantic models, and what a model directory tells
 the server (its languages, example sentences).
 
