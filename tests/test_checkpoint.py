@@ -22,7 +22,7 @@ from aiayn.checkpoint import (
     write_average,
 )
 from aiayn.cli import main
-from aiayn.errors import CheckpointError
+from aiayn.errors import CheckpointError, ConfigError
 from aiayn.model import Transformer
 
 
@@ -112,8 +112,32 @@ def test_average_is_the_elementwise_mean(tiny_cfg, tmp_path):
         torch.testing.assert_close(t, sum(p[name] for p in parts) / 3, rtol=1e-6, atol=1e-7)
     assert (tmp_path / "avg" / "tokenizer.model").read_bytes() == b"spm"
     load_model_dir(tmp_path / "avg")
-    with pytest.raises(CheckpointError, match="already holds a model"):
+    with pytest.raises(ConfigError, match="exists and is not empty"):
         write_average(dirs, tmp_path / "avg")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")  # not a model, but not ours either
+    with pytest.raises(ConfigError, match="exists and is not empty"):
+        write_average(dirs, tmp_path / "taken")
+    assert [p.name for p in (tmp_path / "taken").iterdir()] == ["notes.txt"]
+
+
+def test_average_is_written_whole_or_not_at_all(tiny_cfg, tmp_path, monkeypatch):
+    import aiayn.checkpoint as ckpt
+
+    dirs = []
+    for seed in range(2):
+        model, _ = _model_and_opt(tiny_cfg, seed)
+        save_model_dir(model, tmp_path / f"m{seed}")
+        dirs.append(tmp_path / f"m{seed}")
+
+    def crash(*_a, **_k):
+        raise KeyboardInterrupt  # e.g. Ctrl-C while the copies are written
+
+    monkeypatch.setattr(ckpt, "atomic_write_bytes", crash)
+    (tmp_path / "m0" / "tokenizer.model").write_bytes(b"spm")
+    with pytest.raises(KeyboardInterrupt):
+        write_average(dirs, tmp_path / "avg")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m0", "m1"]  # no avg, no temp dir
 
 
 def test_average_refuses_mixed_configs(tiny_cfg, tmp_path):
@@ -137,3 +161,8 @@ def test_cli_average_last_k_of_a_run(tiny_cfg, tmp_path, capsys):
     assert main(["average", "--run", str(tmp_path / "run"), "--last", "9",
                  "--out", str(tmp_path / "avg2")]) == 2
     assert "has 3 checkpoints" in capsys.readouterr().err
+    for last in ("0", "-2"):  # not "every checkpoint" nor a slice from the wrong end
+        assert main(["average", "--run", str(tmp_path / "run"), "--last", last,
+                     "--out", str(tmp_path / "avg3")]) == 2  # fmt: skip
+        assert "--last must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "avg3").exists()

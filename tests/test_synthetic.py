@@ -256,3 +256,18 @@ def test_cli_bad_language_is_one_line_exit_2(tmp_path, capsys, flags, message):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and err.startswith("aiayn data: error:")
     assert not out.exists()
+
+
+def test_cli_refuses_to_replace_a_users_files_without_force(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "train.en").write_text("my own corpus\n")
+    argv = ["data", "synth", "--task", "numbers", "--src", "en", "--tgt", "de", "--n", "20",
+            "--valid", "0", "--test", "0", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already has train.en" in err and "--force" in err
+    assert sorted(p.name for p in out.iterdir()) == ["train.en"]  # nothing was written
+    assert (out / "train.en").read_text() == "my own corpus\n"
+    assert main([*argv, "--force"]) == 0
+    assert (out / "train.en").read_text() != "my own corpus\n"

@@ -28,7 +28,7 @@ from safetensors.torch import save as st_save
 from torch import Tensor
 
 # train.py reaches atomic_write_json through this module too (checkpoint.atomic_write_json).
-from aiayn.atomic import atomic_write_bytes, atomic_write_json, fsync_dir
+from aiayn.atomic import atomic_dir, atomic_write_bytes, atomic_write_json, check_new_dir, fsync_dir
 from aiayn.config import RUN_CONFIG_FILE, Config, ModelConfig, TrainConfig, from_dict, to_dict
 from aiayn.distributed import Dist
 from aiayn.errors import CheckpointError, ConfigError, DataError
@@ -392,26 +392,27 @@ def average_checkpoints(dirs: list[Path]) -> dict[str, torch.Tensor]:
 def write_average(dirs: list[Path], out: str | Path) -> Path:
     """Average the weights of `dirs` into a new model directory `out` (tokenizer, recipe copied).
 
-    `out` must not hold a model already: nothing is overwritten.
+    `out` must not exist, or be an empty directory: nothing is overwritten, and the directory
+    appears whole or not at all (`atomic_dir`: a crash leaves no half-written model).
     """
     out = Path(out)
-    if (out / CONFIG_FILE).exists() or (out / WEIGHTS_FILE).exists():
-        raise CheckpointError(f"{out} already holds a model; choose a new --out")
+    check_new_dir(out)
     averaged = average_checkpoints(dirs)
     model = load_model_dir(dirs[0])
     model.load_state_dict(averaged, strict=False)
-    save_model_dir(model, out)
     first = Path(dirs[0])
-    # The tokenizer and the run's recipe (whose [decode] table gives the model its search
-    # settings) sit in a model dir, or in the run dir above a checkpoint.
-    # The tokenizer's files (one, or Marian's three) are taken together from one place.
-    for names in (TOKENIZER_FILES, (RUN_CONFIG_FILE,)):
-        for place in (first, first.parent.parent):
-            found = [name for name in names if (place / name).is_file()]
-            for name in found:
-                atomic_write_bytes(out / name, (place / name).read_bytes())
-            if found:
-                break
+    with atomic_dir(out) as tmp:
+        save_model_dir(model, tmp)
+        # The tokenizer and the run's recipe (whose [decode] table gives the model its search
+        # settings) sit in a model dir, or in the run dir above a checkpoint.
+        # The tokenizer's files (one, or Marian's three) are taken together from one place.
+        for names in (TOKENIZER_FILES, (RUN_CONFIG_FILE,)):
+            for place in (first, first.parent.parent):
+                found = [name for name in names if (place / name).is_file()]
+                for name in found:
+                    atomic_write_bytes(tmp / name, (place / name).read_bytes())
+                if found:
+                    break
     return out
 
 

@@ -86,13 +86,22 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--test", type=int, default=1000, help="test pairs (default 1000)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", type=Path, required=True, help="directory for {train,valid,test}.LANG")
+    s.add_argument("--force", action="store_true", help="replace files of the same names")
 
 
 def _run_data(args: argparse.Namespace) -> int:
     from aiayn.synthetic import write_corpus
 
     written = write_corpus(
-        args.out, args.task, args.src, args.tgt, args.n, args.valid, args.test, args.seed
+        args.out,
+        args.task,
+        args.src,
+        args.tgt,
+        args.n,
+        args.valid,
+        args.test,
+        args.seed,
+        overwrite=args.force,
     )
     for split, (src_path, tgt_path, n) in written.items():
         print(f"{split}: {n} pairs  {src_path}  {tgt_path}")
@@ -394,13 +403,11 @@ def _add_attend(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_attend(args: argparse.Namespace) -> int:
-    import io
-
-    from aiayn.atomic import atomic_write_bytes, atomic_write_text
+    from aiayn.atomic import atomic_write_text
     from aiayn.checkpoint import load_model_dir
     from aiayn.device import resolve_device
     from aiayn.tokenizer import Tokenizer
-    from aiayn.viz import attention_figures, attention_for_model
+    from aiayn.viz import attention_figures, attention_for_model, write_figure
     from aiayn.viz_html import attention_page
 
     # --out must be (or become) a directory: say so now, not after the model has run.
@@ -425,9 +432,7 @@ def _run_attend(args: argparse.Namespace) -> int:
         for i, ex in enumerate(examples):
             sub = args.out / (f"{i:03d}" if len(examples) > 1 else "")
             for name, fig in attention_figures(ex).items():
-                png = io.BytesIO()
-                fig.savefig(png, format="png", dpi=110)
-                atomic_write_bytes(sub / name, png.getvalue())
+                write_figure(fig, sub / name, dpi=110)
             print(f"{sentences[i]} -> {ex.translation or '(input only)'}  ({sub}/*.png)")
         atomic_write_text(args.out / "attention.html", attention_page(examples))
     except (FileExistsError, NotADirectoryError) as e:  # e.g. a file named 000 in --out
@@ -445,13 +450,12 @@ def _add_plot_log(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_plot_log(args: argparse.Namespace) -> int:
-    from aiayn.viz import plot_training_log
+    from aiayn.viz import plot_training_log, write_figure
 
     fig = plot_training_log(args.run_dir)
     run_dir = args.run_dir if args.run_dir.is_dir() else args.run_dir.parent
     out = args.out or run_dir / "curves.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
+    write_figure(fig, out, dpi=100)
     print(f"wrote {out}")
     return 0
 
@@ -506,7 +510,7 @@ def _add_average(sub: argparse._SubParsersAction) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--inputs", type=Path, nargs="+", help="model/checkpoint directories")
     g.add_argument("--run", type=Path, help="a run directory: average its last --last checkpoints")
-    p.add_argument("--last", type=int, default=5, help="with --run: how many (default 5)")
+    p.add_argument("--last", type=int, default=5, help="with --run: how many, >= 1 (default 5)")
     p.add_argument("--out", type=Path, required=True, help="new model directory")
 
 
@@ -517,6 +521,8 @@ def _run_average(args: argparse.Namespace) -> int:
     dirs = list(args.inputs or [])
     if args.run is not None:
         found = list_checkpoints(args.run)
+        if args.last < 1:
+            raise CheckpointError(f"--last must be at least 1, got {args.last}")
         if len(found) < args.last:
             raise CheckpointError(f"{args.run} has {len(found)} checkpoints, --last {args.last}")
         dirs = found[-args.last :]

@@ -101,7 +101,9 @@ def run_quickstart(
     t0 = time.monotonic()
     data_dir, model_dir = out / "data", out / "model"
     n_valid = min(1000, max(100, n_test))
-    write_corpus(data_dir, "numbers", "en", "de", n_train, n_valid, n_test, seed=seed)
+    # the quick start's own corpus: a rerun replaces it
+    write_corpus(data_dir, "numbers", "en", "de", n_train, n_valid, n_test, seed=seed,
+                 overwrite=True)  # fmt: skip
     log.info(
         "corpus: %d train / %d valid / %d test pairs in %s", n_train, n_valid, n_test, data_dir
     )
@@ -154,7 +156,7 @@ def _score_test_set(
 
 def _draw_showcase(translator: Translator, picture: Path) -> Path:
     """The cross-attention of one long number, where German reorders units and tens."""
-    from aiayn.viz import attention_for_translations, plot_attention_grid
+    from aiayn.viz import attention_for_translations, plot_attention_grid, write_figure
 
     example = attention_for_translations(translator.model, translator.tokenizer, [SHOWCASE])[0]
     rows, cols = example.labels("cross")
@@ -162,7 +164,7 @@ def _draw_showcase(translator: Translator, picture: Path) -> Path:
         example.maps["cross"], rows, cols,
         f"cross-attention: {SHOWCASE!r} -> {translator.translate([SHOWCASE])[0]!r}",
     )  # fmt: skip
-    fig.savefig(picture, dpi=110)
+    write_figure(fig, picture, dpi=110)
     return picture
 
 

@@ -286,10 +286,12 @@ def write_corpus(
     n_valid: int = 1000,
     n_test: int = 1000,
     seed: int = 0,
+    overwrite: bool = False,
 ) -> dict[str, tuple[Path, Path, int]]:
     """Write line-aligned parallel files `out_dir/{train,valid,test}.{src,tgt}` (UTF-8, one
     sentence per line) and `out_dir/synth.json` (how they were made). A split asked for 0
-    pairs is not written. Existing files of the same names are replaced atomically.
+    pairs is not written. Existing files of the same names are refused (a DataError before
+    anything is written) unless `overwrite`; then they are replaced atomically.
 
     Returns:
         `{split: (src_path, tgt_path, n_pairs)}` for every split written.
@@ -302,6 +304,13 @@ def write_corpus(
     if src == tgt:
         raise DataError(f"source and target language are both {src!r}; the files would collide")
     out_dir = Path(out_dir)
+    if not overwrite:
+        names = [f"{split}.{lang}" for split, n in zip(SPLITS, (n_train, n_valid, n_test),
+                 strict=True) if n for lang in (src, tgt)] + ["synth.json"]  # fmt: skip
+        taken = [name for name in names if (out_dir / name).exists()]
+        if taken:
+            raise DataError(f"{out_dir} already has {', '.join(taken)}: choose another --out, "
+                            "or --force to replace them")  # fmt: skip
     written: dict[str, tuple[Path, Path, int]] = {}
     for split, n in zip(SPLITS, (n_train, n_valid, n_test), strict=True):
         pairs = synth_pairs(task, src, tgt, n, seed, split) if n else []

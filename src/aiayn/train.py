@@ -693,6 +693,7 @@ def _write_average(run: _Run) -> None:
     trash = run.out / f".trash_{AVERAGED_DIR}"
     shutil.rmtree(tmp, ignore_errors=True)
     ckpt_io.write_average(dirs, tmp)
+    shutil.rmtree(trash, ignore_errors=True)  # an interrupted earlier swap may have left one
     if final.exists():
         os.replace(final, trash)
     os.replace(tmp, final)

@@ -68,6 +68,19 @@ class AttentionExample:
         }[kind]
 
 
+def write_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
+    """Save `fig` to `path` whole or not at all (the format from the suffix, else PNG)."""
+    import io
+
+    from aiayn.atomic import atomic_write_bytes
+
+    path = Path(path)
+    data = io.BytesIO()
+    fig.savefig(data, format=path.suffix.lstrip(".").lower() or "png", dpi=dpi)
+    atomic_write_bytes(path, data.getvalue())
+    return path
+
+
 def examples_from_maps(
     tok: Tokenizer, src_BS: Tensor, tgt_in_BT: Tensor, tgt_out_BT: Tensor, maps: AttentionMaps
 ) -> list[AttentionExample]:
