@@ -149,6 +149,11 @@ def test_other_sites_cannot_drive_a_local_server(server, served_model_dir):
         r = c.get("/v1/model", headers={"Host": "attacker.example:8000"})
         assert r.status_code == 400 and "--allowed-host" in r.json()["error"]
         assert c.get("/v1/model", headers={"Host": "localhost:1234"}).status_code == 200
+        page = c.get("/")
+        assert page.headers["x-frame-options"] == "DENY"  # not framed by another site
+        assert page.headers["referrer-policy"] == "no-referrer"  # its ?api_key= never leaks
+        assert page.headers["x-content-type-options"] == "nosniff"
+        assert "server" not in page.headers
         # no CORS headers unless --cors-origin is given
         r = c.get("/v1/model", headers={"Origin": "https://attacker.example"})
         assert "access-control-allow-origin" not in r.headers

@@ -696,6 +696,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window-ms", type=float, default=10.0,
                    help="how long the model waits to batch requests (default 10)")  # fmt: skip
     p.add_argument("--batch-tokens", type=int, default=2048, help="source tokens per batch")
+    p.add_argument("--max-connections", type=int, default=1024,
+                   help="connections and requests at once, then 503 (default 1024)")  # fmt: skip
     p.add_argument("--max-queue", type=int, default=1000,
                    help="requests waiting before 503 busy (default 1000)")  # fmt: skip
     p.add_argument("--source-lang", help="the model's source language code (default: from "
@@ -715,7 +717,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         raise AiaynError(f"serve needs the serve extra (pip install -e '.[serve]'): {e}") from None
     positive = ("max_chars_per_request", "max_chars_per_sentence", "max_sentences", "max_beam",
                 "timeout", "batch_tokens", "max_queue", "max_output_tokens", "max_rows",
-                "max_trace_numbers", "chunk_rows")  # fmt: skip
+                "max_trace_numbers", "chunk_rows", "max_connections")  # fmt: skip
     for name in positive:
         if getattr(args, name) <= 0:
             raise AiaynError(f"--{name.replace('_', '-')} must be positive")
@@ -735,6 +737,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         args.max_queue, args.source_lang, args.target_lang, args.examples,
         access_log=not args.no_access_log, allowed_hosts=tuple(args.allowed_host),
         cors_origins=tuple(args.cors_origin), chunk_rows=args.chunk_rows,
+        max_connections=args.max_connections,
     )  # fmt: skip
     counts = serve(args.model, opts, device=args.device, dtype=args.dtype,
                    announce=lambda line: print(line, flush=True))  # fmt: skip

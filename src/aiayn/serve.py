@@ -101,6 +101,7 @@ class ServeOptions:
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides loopback and the bound one
     cors_origins: tuple[str, ...] = ()  # origins a browser may call the API from (none: no CORS)
     chunk_rows: int = 64  # search rows in one turn of the model worker
+    max_connections: int = 1024  # open connections and requests at once (then 503)
 
 
 # --- metrics --------------------------------------------------------------------------------------
@@ -168,6 +169,7 @@ class Accounting:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), *SAFE_HEADERS]}
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body"):
                 self.server.answered += 1
@@ -184,6 +186,11 @@ class Accounting:
                 access_log.info('%s "%s %s" %d %.1f ms', client[0], scope["method"],
                                 scope["path"], status, 1000 * seconds)  # fmt: skip
 
+
+# On every response: no MIME sniffing, the page never framed by another site (clickjacking),
+# and no Referer (the page's address may hold ?api_key=).
+SAFE_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
+                (b"referrer-policy", b"no-referrer")]  # fmt: skip
 
 JSON_ONLY = ("/v1/translate", "/v1/explain")
 JSON_OR_FORM = ("/translate", "/detect")  # LibreTranslate's clients send forms too
@@ -703,7 +710,11 @@ def serve(model_dir: Path, opts: ServeOptions, *, device: str = "auto", dtype: s
     host, port = sock.getsockname()[:2]
     # uvicorn's own access log would write query strings (and so `?api_key=`): `Accounting`
     # writes one without them.
-    config = uvicorn.Config(app, log_level="info", access_log=False, timeout_keep_alive=5)
+    # limit_concurrency: past it, a new connection gets a 503 at once instead of a task.
+    config = uvicorn.Config(
+        app, log_level="info", access_log=False, timeout_keep_alive=5,
+        limit_concurrency=opts.max_connections, server_header=False,
+    )  # fmt: skip
     if opts.access_log:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     server = uvicorn.Server(config)
