@@ -470,6 +470,20 @@ def test_budget_schedule_reaches_zero_at_the_total_and_survives_a_resume(corpus,
             torch.testing.assert_close(t.double(), mean, rtol=1e-6, atol=1e-6)
 
 
+def test_a_stale_trash_averaged_does_not_stop_the_average(corpus, tok, tmp_path):
+    """An interrupted earlier swap can leave `.trash_averaged`: the next average clears it."""
+    out = tmp_path / "run"
+    over = {"train.lr_schedule": "cosine_budget", "train.max_steps": 20,
+            "train.average_last": 2, "train.save_every": 10, "train.valid_every": 1000}  # fmt: skip
+    train(tiny(corpus, out, **over), tokenizer=tok, progress=False)
+    first = (out / "averaged" / "model.safetensors").read_bytes()
+    (out / ".trash_averaged").mkdir()
+    (out / ".trash_averaged" / "model.safetensors").write_bytes(b"stale")
+    train(tiny(corpus, out, **over), tokenizer=tok, progress=False)  # a rerun: averages again
+    assert (out / "averaged" / "model.safetensors").read_bytes() == first
+    assert not (out / ".trash_averaged").exists()
+
+
 def test_budget_schedule_is_fitted_to_max_minutes(corpus, tok, tmp_path):
     out = tmp_path / "run"
     over = {"train.lr_schedule": "cosine_budget", "train.lr": 1e-3, "train.warmup_steps": 5,
