@@ -61,7 +61,8 @@ def make_requests(corpus: list[str], n: int, most: int, seed: int) -> list[list[
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "aiayn", "serve", "--model", str(args.model), "--port", "0",
            "--no-access-log", "--threads", str(args.threads), "--window-ms", str(args.window_ms),
-           "--max-sentences", "64", "--timeout", "120", "--max-queue", "100000"]  # fmt: skip
+           "--max-sentences", "64", "--timeout", "120", "--max-queue", "100000",
+           "--chunk-rows", str(args.chunk_rows)]  # fmt: skip
     err = tempfile.TemporaryFile("w+")  # noqa: SIM115  (read only when the server fails)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
     while line := proc.stdout.readline():
@@ -140,6 +141,8 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--most", type=int, default=8, help="most sentences per request")
     p.add_argument("--threads", type=int, default=0, help="torch threads, server and in-process")
+    p.add_argument("--chunk-rows", type=int, default=64,
+                   help="the server's search rows per turn (its default 64)")
     p.add_argument("--window-ms", type=float, default=10.0)
     p.add_argument("--sigterm-at", type=int, default=0, help="SIGTERM after this many answers")
     p.add_argument("--seed", type=int, default=0)
@@ -199,6 +202,7 @@ def main() -> None:
         "cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "model": str(args.model), "corpus": str(corpus_path), "requests": len(requests),
         "concurrency": args.concurrency, "sentences": len(every), "window_ms": args.window_ms,
+        "chunk_rows": args.chunk_rows,
         "errors": len(errors), "error_kinds": sorted(set(map(str, errors))),
         "answered_200": len(ok), "latency_s": percentiles([r["seconds"] for r in ok]),
         "single_sentence_latency_s": percentiles(single), "single_sentence_requests": len(single),

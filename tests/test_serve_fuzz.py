@@ -46,6 +46,6 @@ def test_schemathesis_finds_nothing(served_model_dir, tmp_path):
 
 @pytest.mark.slow
 def test_schemathesis_finds_nothing_in_2000_cases(served_model_dir, tmp_path):
-    result = fuzz(served_model_dir, tmp_path, 300)
+    result = fuzz(served_model_dir, tmp_path, 350)
     assert result["test_cases"]["generated"] >= 2000
     assert result["test_cases"]["with_failures"] == 0 and not result["errors"]
