@@ -666,7 +666,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "/translate speaks LibreTranslate's API, /v1/translate and /v1/explain are aiayn's own, "
         "/metrics is Prometheus. Needs the serve extra: pip install -e '.[serve]'.",
     )
-    p.add_argument("--model", type=Path, required=True, help="a model directory")
+    p.add_argument("--model", type=Path, required=True, help="a model directory, or one "
+                   "written by aiayn export (served by its engine; nothing to trace)")  # fmt: skip
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
                    "any other needs an API key)")  # fmt: skip
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free)")
@@ -739,7 +740,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         cors_origins=tuple(args.cors_origin), chunk_rows=args.chunk_rows,
         max_connections=args.max_connections,
     )  # fmt: skip
-    counts = serve(args.model, opts, device=args.device, dtype=args.dtype,
+    counts = serve(args.model, opts, device=args.device, dtype=args.dtype, threads=args.threads,
                    announce=lambda line: print(line, flush=True))  # fmt: skip
     print(f"aiayn serve: stopped; answered {counts['answered']} of {counts['accepted']} "
           "accepted requests", flush=True)  # fmt: skip

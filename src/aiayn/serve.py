@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
@@ -82,6 +83,28 @@ from aiayn.tracing import TraceTooLargeError
 from aiayn.translate import Translation, Translator
 
 log = logging.getLogger("aiayn.serve")
+
+
+def export_engine(directory: Path) -> str | None:
+    """The engine of an `aiayn export` directory (with its quantization), None otherwise."""
+    from aiayn.export_dir import is_export_dir, read_export_meta
+
+    if not is_export_dir(directory):
+        return None
+    meta = read_export_meta(directory)
+    return f"{meta['engine']} ({meta.get('quantization', 'float32')})"
+
+
+def export_source(directory: Path) -> Path | None:
+    """The model directory an export was made from, if it is still there."""
+    from aiayn.export_dir import is_export_dir, read_export_meta
+
+    if not is_export_dir(directory):
+        return None
+    source = Path(str(read_export_meta(directory).get("source_model", "")))
+    return source if source.is_dir() else None
+
+
 access_log = logging.getLogger("aiayn.serve.access")
 
 
@@ -325,6 +348,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (401, "an API key is required"), (403, "invalid API key"),
         (413, "over a size limit (body, characters, sentences, rows or trace size)"),
         (415, "the body is not JSON (or, for LibreTranslate's endpoints, a form)"),
+        (409, "an exported model has nothing to trace (/v1/explain)"),
         (422, "an invalid field"), (503, "busy, shutting down or timed out"),
     ]
 }  # fmt: skip
@@ -338,10 +362,17 @@ class Server:
     def __init__(self, translator: Translator, model_dir: Path, opts: ServeOptions) -> None:
         self.translator, self.model_dir, self.opts = translator, model_dir, opts
         self.limits = opts.limits
-        self.languages: tuple[str, str] | None = model_languages(model_dir)
+        self.engine = export_engine(model_dir)  # None: aiayn's own model, which can be traced
+        # An export records no training files: its languages and examples are its source's.
+        source = export_source(model_dir) or model_dir
+        self.languages: tuple[str, str] | None = model_languages(model_dir) or model_languages(
+            source
+        )
         if opts.source_lang and opts.target_lang:
             self.languages = (opts.source_lang, opts.target_lang)
-        self.examples = example_sentences(model_dir, opts.examples)
+        self.examples = example_sentences(model_dir, opts.examples) or example_sentences(
+            source, None
+        )
         cfg = translator.model.cfg
         self.models = request_models(self.limits, self.languages, cfg.n_layers, cfg.n_heads)
         self.batcher = Batcher(
@@ -502,6 +533,10 @@ class Server:
         return {"translations": translations, "settings": dataclasses.asdict(cfg)}
 
     async def v1_explain(self, request: Request, body: Any) -> dict[str, Any]:
+        if self.engine is not None:
+            raise ApiError(409, f"this server runs a {self.engine} export, which has nothing to "
+                                "trace: serve the aiayn model directory it was exported from "
+                                "to see inside it")  # fmt: skip
         overrides: dict[str, object] = {
             k: v for k in EXPLAIN_SEARCH if (v := getattr(body, k)) is not None
         }
@@ -539,8 +574,12 @@ class Server:
             "name": self.model_dir.resolve().name,
             "aiayn": __version__,
             "languages": {"source": langs[0], "target": langs[1]} if langs else None,
+            "engine": self.engine or "aiayn",
+            "traceable": self.engine is None,
             "model": to_dict(t.model.cfg),
-            "parameters": sum(p.numel() for p in t.model.parameters()),
+            "parameters": sum(p.numel() for p in t.model.parameters())
+            if isinstance(t.model, torch.nn.Module)
+            else None,
             "vocab_size": t.tokenizer.vocab_size,
             "decode": dataclasses.asdict(t.cfg),
             "precision": t.precision.to_json(),
@@ -669,6 +708,17 @@ def create_app(translator: Translator, model_dir: Path, opts: ServeOptions) -> F
 # --- running it -----------------------------------------------------------------------------------
 
 
+def load_any(model_dir: Path, device: str, dtype: str, threads: int) -> Translator:
+    """The translator of an aiayn model directory, or of an `aiayn export` directory
+    (CTranslate2 or ONNX Runtime: the same API, the engine's own search; nothing to trace)."""
+    from aiayn.engines import load_translator
+    from aiayn.export_dir import is_export_dir
+
+    if is_export_dir(model_dir):
+        return load_translator(model_dir, device=device, dtype=dtype, threads=threads)
+    return Translator.load(model_dir, device=device, dtype=dtype)
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -692,7 +742,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(model_dir: Path, opts: ServeOptions, *, device: str = "auto", dtype: str = "auto",
-          announce: Callable[[str], None] = print) -> dict[str, int]:  # fmt: skip
+          threads: int = 0, announce: Callable[[str], None] = print) -> dict[str, int]:  # fmt: skip
     """Load the model and serve until SIGTERM or Ctrl-C; a SIGTERM drains and returns the
     count of requests accepted and answered (equal unless a client went away mid-answer).
 
@@ -704,7 +754,7 @@ def serve(model_dir: Path, opts: ServeOptions, *, device: str = "auto", dtype: s
     if not is_loopback(opts.host) and not opts.api_key:
         raise AiaynError(f"--host {opts.host} is reachable from other machines: give --api-key "
                          "KEY (or set AIAYN_API_KEY), or serve on 127.0.0.1")  # fmt: skip
-    translator = Translator.load(model_dir, device=device, dtype=dtype)
+    translator = load_any(model_dir, device, dtype, threads)
     app = create_app(translator, model_dir, opts)
     sock = listen(opts.host, opts.port)
     host, port = sock.getsockname()[:2]
