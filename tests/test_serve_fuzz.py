@@ -34,7 +34,11 @@ def fuzz(model_dir, tmp_path, examples: int, *flags: str) -> dict:
         _, _, err = s.stop()
     assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-2000:]
     assert "Traceback" not in err, err[-4000:]  # the server logged no unexpected error
-    return json.loads(report.read_text())
+    result = json.loads(report.read_text())
+    cases = result["test_cases"]
+    print(f"schemathesis: {cases['generated']} cases, {cases['with_failures']} failing, "
+          f"{result['running_time']:.0f} s")  # shown with pytest -s (the figure docs quote)
+    return result
 
 
 def test_schemathesis_finds_nothing(served_model_dir, tmp_path):
