@@ -29,7 +29,15 @@ from torch import Tensor
 
 # train.py reaches atomic_write_json through this module too (checkpoint.atomic_write_json).
 from aiayn.atomic import atomic_dir, atomic_write_bytes, atomic_write_json, check_new_dir, fsync_dir
-from aiayn.config import RUN_CONFIG_FILE, Config, ModelConfig, TrainConfig, from_dict, to_dict
+from aiayn.config import (
+    RUN_CONFIG_FILE,
+    Config,
+    ModelConfig,
+    TrainConfig,
+    from_dict,
+    read_run_config,
+    to_dict,
+)
 from aiayn.distributed import Dist
 from aiayn.errors import CheckpointError, ConfigError, DataError
 from aiayn.model import _ModelBase
@@ -553,10 +561,7 @@ def data_fingerprint(tc: TrainConfig) -> dict[str, str]:
 
 def check_resumable(out: Path, cfg: Config, fingerprint: dict[str, str]) -> None:
     """Refuse to resume under a model, recipe or data that differs from the one saved."""
-    try:
-        saved = json.loads((out / RUN_CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{out / RUN_CONFIG_FILE} is unreadable: {e}") from None
+    saved = read_run_config(out)
     saved_sha = saved.get("data_sha256", {})  # absent in runs from before it was recorded
     if not isinstance(saved_sha, dict):
         raise CheckpointError(f"{out / RUN_CONFIG_FILE}: data_sha256 is not a table")

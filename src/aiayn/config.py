@@ -32,6 +32,27 @@ EOS_ID = 3
 RUN_CONFIG_FILE = "run_config.json"
 
 
+def read_run_config(directory: str | Path) -> dict[str, Any]:
+    """A model or run directory's `run_config.json` as a dict; {} when there is none.
+
+    The one reader of the file (resuming, a model's saved search settings, what the server
+    learns of a model): an unreadable file or one that is not a JSON object is a
+    CheckpointError naming it, never a silent default.
+    """
+    from aiayn.errors import CheckpointError
+
+    path = Path(directory) / RUN_CONFIG_FILE
+    if not path.is_file():
+        return {}
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: bad JSON or bad UTF-8
+        raise CheckpointError(f"{path} is unreadable: {e}") from None
+    if not isinstance(table, dict):
+        raise CheckpointError(f"{path} is unreadable: not a JSON object")
+    return table
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The architecture of Figure 1. Defaults are the paper's base model (Table 3)."""

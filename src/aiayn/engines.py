@@ -18,9 +18,8 @@ same `translate`, `translate_hyps` and `translate_stream`, the same search setti
   Sampling is refused (CTranslate2 cannot reproduce aiayn's per-line streams); n-best lists can
   differ below the best line (docs/export.md, "What parity means").
 
-Both subclasses set the attributes `Translator`'s methods read (`model` with its `cfg`,
-`tokenizer`, `cfg`, `device`, `precision`) instead of calling its `__init__`, which takes a
-torch model.
+Both subclasses are built by `Translator.__init__` (an engine is no torch module: it runs on
+the CPU in fp32 as far as `Translator` is concerned) and replace only what differs.
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ from aiayn.decode import (
     max_output_lengths,
     output_cap,
 )
-from aiayn.device import choose_precision
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.export_ct2 import import_ctranslate2, vocabulary
 from aiayn.export_dir import (
@@ -62,11 +60,7 @@ class OnnxTranslator(Translator):
     model: OnnxModel  # type: ignore[assignment]  # the Decodable interface, not a Transformer
 
     def __init__(self, model: OnnxModel, tokenizer: Tokenizer, cfg: DecodeConfig) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
-        self.cfg = cfg
-        self.device = torch.device("cpu")
-        self.precision = choose_precision("fp32", self.device)
+        super().__init__(model, tokenizer, cfg)  # type: ignore[arg-type]  # a Decodable
 
 
 class Ct2Model:
@@ -122,11 +116,7 @@ class Ct2Translator(Translator):
     model: Ct2Model  # type: ignore[assignment]  # the engine with its config, not a Transformer
 
     def __init__(self, model: Ct2Model, tokenizer: Tokenizer, cfg: DecodeConfig) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
-        self.cfg = cfg
-        self.device = torch.device("cpu")
-        self.precision = choose_precision("fp32", self.device)
+        super().__init__(model, tokenizer, cfg)  # type: ignore[arg-type]  # the engine
 
     def _search(
         self, ids: list[list[int]], line_nos: list[int], cfg: DecodeConfig, batch_tokens: int

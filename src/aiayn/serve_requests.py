@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from aiayn.config import RUN_CONFIG_FILE
+from aiayn.config import read_run_config
 
 
 @dataclass(frozen=True)
@@ -59,16 +59,6 @@ class ApiError(Exception):
 _NOT_LANGUAGES = {"src", "tok"}
 
 
-def _run_config(directory: Path) -> dict[str, Any]:
-    """The model directory's run_config.json; {} when it has none or it is unreadable (the
-    server then only lacks languages and examples, which it can be told by flags)."""
-    with contextlib.suppress(OSError, ValueError):
-        table = json.loads((directory / RUN_CONFIG_FILE).read_text(encoding="utf-8"))
-        if isinstance(table, dict):
-            return table
-    return {}
-
-
 def is_language_code(code: str) -> bool:
     """A language code babel knows (en, de, pt_BR, sr-Latn, yue), not a file suffix."""
     from babel import Locale, UnknownLocaleError
@@ -87,7 +77,7 @@ def model_languages(directory: Path) -> tuple[str, str] | None:
     (`aiayn import marian` writes them under `imported`), else the training files' suffixes in
     `run_config.json` (`train.en` / `train.de` -> ("en", "de"), as the quick start and Multi30k
     name them, but not `train.src` / `train.tok`); None when neither names two languages."""
-    config = _run_config(directory)
+    config = read_run_config(directory)
     imported, train = config.get("imported", {}), config.get("train", {})
     if isinstance(imported, dict) and imported.get("source_lang"):
         codes = (str(imported.get("source_lang")), str(imported.get("target_lang") or ""))
@@ -105,7 +95,7 @@ def example_sentences(directory: Path, given: Path | None, n: int = 12) -> list[
     """Sentences for the page's picker: `given`, else the run's validation sources (found as
     recorded or as `../data/valid.*` beside the model, the quick start's layout)."""
     candidates = [given] if given else []
-    train = _run_config(directory).get("train", {})
+    train = read_run_config(directory).get("train", {})
     valid = str(train.get("valid_src", "") or "") if isinstance(train, dict) else ""
     if valid:
         candidates += [Path(valid), directory.parent / "data" / Path(valid).name]

@@ -12,7 +12,6 @@ truncated to its first `max_len - 1` tokens plus EOS, with a warning that names 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -24,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from aiayn.checkpoint import load_model_dir
-from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, from_dict
+from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, from_dict, read_run_config
 from aiayn.data import pad_rows, read_lines
 from aiayn.decode import Hypothesis, check_decode_config, sample_seed, search
 from aiayn.device import Precision, choose_precision, resolve_device
@@ -62,14 +61,11 @@ def one_line(text: str) -> str:
 
 def saved_decode_config(directory: str | Path) -> DecodeConfig:
     """The `[decode]` table saved with a model directory, or the defaults if there is none."""
-    path = Path(directory) / RUN_CONFIG_FILE
-    if not path.is_file():
-        return DecodeConfig()
+    table = read_run_config(directory).get("decode", {})
     try:
-        table = json.loads(path.read_text(encoding="utf-8")).get("decode", {})
         cfg = from_dict(DecodeConfig, table, "decode")
-    except (ValueError, AttributeError) as e:  # bad JSON, a bad value, not a table
-        raise CheckpointError(f"{path} is unreadable: {e}") from None
+    except (ValueError, AttributeError) as e:  # a bad value, not a table
+        raise CheckpointError(f"{Path(directory) / RUN_CONFIG_FILE} is unreadable: {e}") from None
     check_decode_config(cfg)
     return cfg
 
@@ -102,10 +98,12 @@ class Translator:
         precision: Precision | None = None,
     ) -> None:
         tokenizer.check_fits(model.cfg)
-        self.model = model.eval()
+        # An exported model's engine (`aiayn.engines`) is no torch module: it runs on the CPU.
+        is_torch = isinstance(model, torch.nn.Module)
+        self.model = model.eval() if is_torch else model
         self.tokenizer = tokenizer
         self.cfg = cfg or DecodeConfig()
-        self.device = next(model.parameters()).device
+        self.device = next(model.parameters()).device if is_torch else torch.device("cpu")
         self.precision = precision or choose_precision("fp32", self.device)
 
     @classmethod
