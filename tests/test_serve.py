@@ -20,6 +20,7 @@ import torch
 from serving import ServerProcess
 
 from aiayn.cli import main
+from aiayn.errors import CheckpointError
 from aiayn.serve_batcher import Batcher, ExpiredError, Job
 from aiayn.translate import Translator
 
@@ -441,4 +442,5 @@ def test_languages_come_from_the_training_files_suffixes(tmp_path):
     assert langs("train.txt", "valid.txt") is None
     assert langs("a.en", "b.en") is None  # the same suffix on both sides is not a pair
     (tmp_path / "run_config.json").write_text("{not json")
-    assert model_languages(tmp_path) is None
+    with pytest.raises(CheckpointError, match="run_config.json is unreadable"):
+        model_languages(tmp_path)  # as Translator.load says: the server does not start
