@@ -137,9 +137,14 @@ def _int(ge: int, le: int) -> Any:
     return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_whole)]
 
 
+SOME_TEXT = r"[^ \t\n\r\f\x0B]"  # a character that is not an ASCII space
+
+
 def _text(max_length: int, *, required: bool = False) -> Any:
     """A string of at most `max_length` characters (`required`: with some non-space text)."""
-    field = Field(max_length=max_length, pattern=r"\S" if required else None)
+    # Not `\S`: JSON Schema's (ECMAScript) and pydantic's (Rust) regexes disagree on which
+    # characters are spaces (U+0085); ASCII spaces are what both read the same.
+    field = Field(max_length=max_length, pattern=SOME_TEXT if required else None)
     return Annotated[str, field, AfterValidator(_encodable)]
 
 
@@ -304,7 +309,7 @@ def validation_message(errors: list[Any]) -> str:
     # place is the field and the list index.
     loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_branch(p)]
     where = f"'{'.'.join(loc)}': " if loc else ""
-    if first.get("type") == "string_pattern_mismatch":  # the only pattern: some text (\S)
+    if first.get("type") == "string_pattern_mismatch":  # the only pattern: SOME_TEXT
         return f"{where}no text to translate (empty or only spaces)"
     got = f" (got {_shown(first)})" if "input" in first and first["type"] != "missing" else ""
     return f"{where}{first.get('msg', 'invalid')}{got}"
