@@ -533,3 +533,13 @@ def test_cli_explain_bad_input_is_one_line(model_dir, capsys):
     assert err.count("\n") == 1 and "layer 9 does not exist" in err
     assert main(["explain", "--model", str(model_dir)]) == 2
     assert "sentence" in capsys.readouterr().err
+
+
+def test_a_source_over_max_len_is_cut_as_translate_cuts_it(loaded, caplog):
+    model, tok = loaded
+    long = " ".join([SENTENCE] * 200)  # far more tokens than the positional table
+    with caplog.at_level("WARNING"):
+        trace = explain(model, tok, long, max_len=2)
+    assert len(trace.src_ids) == model.cfg.max_len and trace.src_ids[-1] == tok.eos_id
+    assert trace.src_ids[:-1] == tok.encode(long)[: model.cfg.max_len - 1]
+    assert "more than the model's max_len" in caplog.text

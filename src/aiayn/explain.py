@@ -24,6 +24,7 @@ paper's head_1..head_h.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import re
 from collections.abc import Callable
@@ -48,6 +49,8 @@ from aiayn.errors import AiaynError
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
 from aiayn.tracing import Trace, tracing
+
+log = logging.getLogger(__name__)
 
 # One line per leaf name: what the tensor is, in the paper's terms.
 DESCRIPTIONS: dict[str, str] = {
@@ -270,14 +273,16 @@ def _check(model: object, tok: Tokenizer) -> Transformer:
 
 
 def source_ids(model: Transformer, tok: Tokenizer, sentence: str) -> list[int]:
-    """Token ids of `sentence` as the model reads it (EOS appended), checked against max_len."""
+    """Token ids of `sentence` as the model reads it (EOS appended): a source longer than the
+    positional table is cut to its first max_len - 1 tokens plus EOS, with a warning, as
+    `aiayn translate` does (so what is explained is what is translated)."""
     if not sentence.strip():
         raise AiaynError("the sentence to explain is empty")
-    ids = tok.encode(sentence)
-    if len(ids) > model.cfg.max_len:
-        raise AiaynError(
-            f"the sentence has {len(ids)} tokens, more than the model's max_len={model.cfg.max_len}"
-        )
+    ids, limit = tok.encode(sentence), model.cfg.max_len
+    if len(ids) > limit:
+        log.warning("the sentence has %d tokens, more than the model's max_len=%d; explaining "
+                    "only its first %d tokens", len(ids) - 1, limit, limit - 1)  # fmt: skip
+        ids = [*ids[: limit - 1], tok.eos_id]
     return ids
 
 

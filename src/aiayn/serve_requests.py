@@ -137,13 +137,15 @@ def _int(ge: int, le: int) -> Any:
     return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_whole)]
 
 
-SOME_TEXT = r"[^ \t\n\r\f\x0B]"  # a character that is not an ASCII space
+# A character that is not a space as Python's str.strip() (and so the translator) sees one,
+# spelled in escapes that JSON Schema's (ECMAScript) and pydantic's (Rust) regexes read alike.
+SOME_TEXT = r"[^\t\n\x0B\f\r\x1C-\x1F \x85\xA0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]"
 
 
 def _text(max_length: int, *, required: bool = False) -> Any:
     """A string of at most `max_length` characters (`required`: with some non-space text)."""
     # Not `\S`: JSON Schema's (ECMAScript) and pydantic's (Rust) regexes disagree on which
-    # characters are spaces (U+0085); ASCII spaces are what both read the same.
+    # characters are spaces (U+0085), and neither is Python's (U+001C).
     field = Field(max_length=max_length, pattern=SOME_TEXT if required else None)
     return Annotated[str, field, AfterValidator(_encodable)]
 
