@@ -26,7 +26,7 @@ from datetime import date
 from pathlib import Path
 
 import httpx
-from serve_load import cpu_name
+from serve_load import cpu_name, launch
 
 WORST_LINE = "seven hundred and seventy-seven thousand, seven hundred and seventy-seven " * 11
 
@@ -54,23 +54,6 @@ HOSTILE = [  # (name, method, path, body or raw bytes, headers)
 ]  # fmt: skip
 
 
-def start(model: Path, threads: int, flags: list[str]):  # the serve_load.py launcher's flags
-    import re
-    import subprocess
-    import sys
-    import tempfile
-
-    cmd = [sys.executable, "-m", "aiayn", "serve", "--model", str(model), "--port", "0",
-           "--no-access-log", "--threads", str(threads), "--timeout", "120", *flags]  # fmt: skip
-    err = tempfile.TemporaryFile("w+")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-    while line := proc.stdout.readline():
-        if m := re.search(r"on (http://127\.0\.0\.1:\d+)/", line):
-            return proc, m.group(1)
-    err.seek(0)
-    raise SystemExit(f"the server did not start:\n{err.read()[-3000:]}")
-
-
 def rss_mb(pid: int) -> float:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(status.split("VmRSS:")[1].split()[0]) / 1024
@@ -92,7 +75,8 @@ def send(url: str, method: str, path: str, body, headers: dict, timeout: float =
 
 
 def one_server(args: argparse.Namespace, chunk_rows: int) -> dict:
-    proc, url = start(args.model, args.threads, ["--chunk-rows", str(chunk_rows)])
+    proc, url = launch(args.model, ["--threads", str(args.threads), "--timeout", "120",
+                                    "--chunk-rows", str(chunk_rows)])  # fmt: skip
     try:
         idle = [send(url, "post", "/v1/translate", {"q": "two"}, {})[1] for _ in range(5)]
         hostile = {name: send(url, m, p, b, h) for name, m, p, b, h in HOSTILE}

@@ -59,10 +59,15 @@ def make_requests(corpus: list[str], n: int, most: int, seed: int) -> list[list[
 
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "aiayn", "serve", "--model", str(args.model), "--port", "0",
-           "--no-access-log", "--threads", str(args.threads), "--window-ms", str(args.window_ms),
-           "--max-sentences", "64", "--timeout", "120", "--max-queue", "100000",
-           "--chunk-rows", str(args.chunk_rows)]  # fmt: skip
+    return launch(args.model, ["--threads", str(args.threads), "--window-ms", str(args.window_ms),
+                               "--max-sentences", "64", "--timeout", "120", "--max-queue",
+                               "100000", "--chunk-rows", str(args.chunk_rows)])  # fmt: skip
+
+
+def launch(model: Path, flags: list[str]) -> tuple[subprocess.Popen, str]:
+    """`python -m aiayn serve --model MODEL --port 0 --no-access-log FLAGS`: (process, URL)."""
+    cmd = [sys.executable, "-m", "aiayn", "serve", "--model", str(model), "--port", "0",
+           "--no-access-log", *flags]  # fmt: skip
     err = tempfile.TemporaryFile("w+")  # noqa: SIM115  (read only when the server fails)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
     while line := proc.stdout.readline():
