@@ -75,6 +75,17 @@ def test_a_client_that_leaves_frees_the_model_within_a_step(server):
     assert dropped(after) == dropped(before) + 1
 
 
+def test_a_running_decode_past_its_timeout_frees_the_model(served_model_dir):
+    s = ServerProcess(served_model_dir, "--timeout", "1")
+    try:
+        status, seconds = timed_post(s.url, "/v1/translate", worst_request())
+        assert status == 503 and seconds < 2.0  # answered at its deadline, not at its end
+        status, seconds = timed_post(s.url, "/v1/translate", {"q": "two"})
+        assert status == 200 and seconds < 0.5  # the worker had stopped the abandoned search
+    finally:
+        s.stop()
+
+
 def test_hostile_explain_requests_are_refused_before_any_work(served_model_dir):
     s = ServerProcess(served_model_dir, "--max-trace-numbers", "20000")
     try:
