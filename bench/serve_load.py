@@ -1,5 +1,6 @@
 """Load on `aiayn serve`: 1,000 requests of 1-8 sentences at 32 concurrent clients, against the
-same sentences translated in-process by `Translator` in one call. Prints JSON.
+same sentences translated in-process by `Translator` in one call. Prints JSON. `--model` may be
+an `aiayn export` directory (CTranslate2, ONNX Runtime): then both sides run its engine.
 
     python bench/serve_load.py --model quickstart/model            # corpus: quickstart/data/test.en
     python bench/serve_load.py --model M --corpus FILE --sigterm-at 500
@@ -181,11 +182,16 @@ def main() -> None:
     # In-process, after the server has gone: the same sentences in one call.
     import torch
 
+    from aiayn.engines import load_translator
+    from aiayn.export_dir import is_export_dir
     from aiayn.translate import Translator
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    translator = Translator.load(args.model, device="cpu")
+    if is_export_dir(args.model):  # a served export against its own engine in-process
+        translator = load_translator(args.model, device="cpu", threads=args.threads)
+    else:
+        translator = Translator.load(args.model, device="cpu")
     every = [s for q in requests for s in q]
     translator.translate_hyps(corpus[:8], translator.cfg)  # warm up
     local_s = local_cpu = float("inf")
