@@ -300,7 +300,8 @@ def validation_message(errors: list[Any]) -> str:
     if not errors:
         return "invalid request"
     first = errors[0]
-    if _field(first) == "q" and all(_field(e) == "q" for e in errors[1:]):  # a union failed
+    union = len(errors) > 1 and all(_field(e) == "q" for e in errors)
+    if union and first.get("type") != "missing":  # q's union: every branch failed
         value = first.get("input")
         if not isinstance(value, str | list):
             return f"'{_field(first)}': must be a string or a list of strings (got {_shown(first)})"
