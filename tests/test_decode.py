@@ -394,6 +394,27 @@ def test_sampling_is_batch_invariant(model: Transformer) -> None:
     assert sample_search(model, src[:1], cfg) == line1
 
 
+@pytest.mark.parametrize("edge", [{"temperature": 5e-324}, {"top_p": 5e-324}, {"top_p": 1e-12}])
+def test_vanishing_temperature_or_top_p_is_greedy_not_nan(model: Transformer, edge) -> None:
+    """A temperature or top_p that rounds to 0 in float32 once gave NaN rows and PAD tokens
+    with -inf scores (found by fuzzing the server): both limits are greedy search."""
+    src = random_batch([6, 8, 3], seed=4)
+    greedy = greedy_search(model, src, DecodeConfig(max_len_b=10))
+    sampled = sample_search(model, src, DecodeConfig(sample=True, max_len_b=10, **edge))
+    assert [s[0].tokens for s in sampled] == [g.tokens for g in greedy]
+    assert all(math.isfinite(s[0].log_prob) for s in sampled)
+
+
+def test_max_tokens_caps_every_sentence_and_nothing_else(model: Transformer) -> None:
+    src = random_batch([6, 8, 3], seed=4)
+    free = greedy_search(model, src, DecodeConfig(max_len_b=20))
+    capped = greedy_search(model, src, DecodeConfig(max_len_b=20, max_tokens=5))
+    for f, c in zip(free, capped, strict=True):
+        assert c.tokens == f.tokens[:5] and len(c.tokens) <= 5
+    beams = beam_search(model, src, DecodeConfig(beam_size=3, max_len_b=20, max_tokens=4))
+    assert all(len(h.tokens) <= 4 for hyps in beams for h in hyps)
+
+
 def test_sample_seed_mixes_seed_and_line() -> None:
     seeds = {sample_seed(s, line) for s in range(4) for line in range(1, 50)}
     assert len(seeds) == 4 * 49 and all(0 <= x < 2**63 for x in seeds)
