@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -437,6 +438,32 @@ def test_average_steps_are_evenly_spaced_over_the_last_fifth():
     assert average_steps(200, 5) == [168, 176, 184, 192, 200]
     assert average_steps(1000, 4) == [850, 900, 950, 1000]
     assert average_steps(3, 5) == [1, 2, 3]  # a tiny schedule: one step apart, never below 1
+    # fitted at step 190 of 200: the last fifth (from 168) is partly past, so closer together
+    assert average_steps(200, 5, after=190) == [192, 194, 196, 198, 200]
+    assert average_steps(200, 5, after=150) == [168, 176, 184, 192, 200]
+
+
+def test_budget_rate_warms_up_without_waiting_for_the_fit_and_never_jumps():
+    from aiayn.train import budget_lr, fit_warmup_end
+
+    peak, warmup = 1e-3, 1000
+    # before the fit: the configured slope
+    assert budget_lr(20, peak, warmup) == pytest.approx(2e-5)
+    # fitted at step 20 to 300 steps: the warmup ends at 30 (10% of the total), not at 1000
+    end = fit_warmup_end(300, warmup)
+    assert end == 30
+    rates = [budget_lr(s, peak, warmup, 300, 20, end) for s in range(1, 301)]
+    assert rates[19] == pytest.approx(2e-5) and rates[29] == pytest.approx(peak)
+    assert max(rates) == pytest.approx(peak) and rates[-1] == pytest.approx(0.0, abs=1e-15)
+    assert all(b <= a for a, b in itertools.pairwise(rates[29:]))  # decays to the end
+    steps_up = [b - a for a, b in itertools.pairwise(rates[:30])]
+    assert max(steps_up) <= (peak - 2e-5) / 10 + 1e-12  # the fit does not jump the rate
+    # fitted after the fitted warmup's end (a very slow machine): decay from the rate reached
+    late = [budget_lr(s, peak, warmup, 100, 40, fit_warmup_end(100, warmup)) for s in (40, 41)]
+    assert late[1] <= late[0] == pytest.approx(4e-5)
+    # a checkpoint from before fit_step/warmup_end were saved: the configured warmup, as then
+    assert budget_lr(1000, peak, warmup, 3000) == pytest.approx(peak)
+    assert budget_lr(2000, peak, warmup, 3000) == pytest.approx(peak / 2)
 
 
 def test_budget_schedule_reaches_zero_at_the_total_and_survives_a_resume(corpus, tok, tmp_path):
@@ -449,7 +476,7 @@ def test_budget_schedule_reaches_zero_at_the_total_and_survives_a_resume(corpus,
                   tokenizer=tok, progress=False)  # fmt: skip
     assert first.stopped == "max_epochs" and first.step < 48  # before the averaging span
     saved = json.loads((list_checkpoints(out)[-1] / "train_state.json").read_text())
-    assert saved["total_steps"] == 60
+    assert saved["total_steps"] == 60 and saved["fit_step"] == 0 and saved["warmup_end"] == 6
     assert not (out / "averaged").exists()  # logged: stopped before the schedule's end
     second = train(tiny(corpus, out, **over, **{"train.max_steps": 500}), progress=False)
     assert second.stopped == "total_steps" and second.step == 60
@@ -458,8 +485,10 @@ def test_budget_schedule_reaches_zero_at_the_total_and_survives_a_resume(corpus,
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r for r in records if "lr" in r][-1]["lr"] == pytest.approx(0.0, abs=1e-12)
     tc = tiny(corpus, out, **over).train
-    assert learning_rate(60, tc, 32, total_steps=60) == pytest.approx(0.0, abs=1e-12)
-    assert learning_rate(35, tc, 32, total_steps=60) == pytest.approx(5e-4)
+    plan = {"total_steps": 60, "fit_step": 0, "warmup_end": 6}  # warmup: 10% of the total
+    assert learning_rate(6, tc, 32, **plan) == pytest.approx(1e-3)
+    assert learning_rate(33, tc, 32, **plan) == pytest.approx(5e-4)
+    assert learning_rate(60, tc, 32, **plan) == pytest.approx(0.0, abs=1e-12)
     averaged = load_model_dir(out / "averaged")  # a model directory, with its tokenizer
     assert Tokenizer.load(out / "averaged").vocab_size == averaged.cfg.vocab_size
     ckpts = [load_tensors(out / "checkpoints" / f"step_{s:08d}" / "model.safetensors")
@@ -476,11 +505,40 @@ def test_budget_schedule_is_fitted_to_max_minutes(corpus, tok, tmp_path):
             "train.max_minutes": 0.05, "train.max_steps": 10**6, "train.valid_every": 10,
             "train.average_last": 2}  # fmt: skip
     result = train(tiny(corpus, out, **over), tokenizer=tok, progress=False)
-    total = json.loads((list_checkpoints(out)[-1] / "train_state.json").read_text())["total_steps"]
-    assert 15 <= total < 10**6  # measured over steps 5-15 (valid_every), then fitted to 3 s
+    state = json.loads((list_checkpoints(out)[-1] / "train_state.json").read_text())
+    total = state["total_steps"]
+    # measured from step 1 over 20 steps (or 0.3 s on a slow machine), then fitted to 3 s
+    assert 1 <= state["fit_step"] <= 21 and state["fit_step"] < total < 10**6
     assert result.stopped in ("total_steps", "max_minutes")  # a busy machine may overrun
     if result.stopped == "total_steps":
         assert result.step == total and (out / "averaged" / "model.safetensors").is_file()
+
+
+def test_a_budget_shorter_than_the_warmup_still_decays_to_its_end_and_averages(
+    corpus, tok, tmp_path
+):
+    """6 seconds with warmup_steps = 1000, far more steps than the budget holds: the speed is
+    measured from the first steps, the warmup shrinks to 10% of the fitted total, and the run
+    decays to 0 at its end and writes averaged/ from checkpoints planned after the fit."""
+    out = tmp_path / "run"
+    over = {"train.lr_schedule": "cosine_budget", "train.lr": 1e-3, "train.warmup_steps": 1000,
+            "train.max_minutes": 0.1, "train.max_steps": 10**6, "train.valid_every": 1000,
+            "train.save_every": 1000, "train.average_last": 3}  # fmt: skip
+    result = train(tiny(corpus, out, **over), tokenizer=tok, progress=False)
+    state = json.loads((list_checkpoints(out)[-1] / "train_state.json").read_text())
+    total, fit_step, warmup_end = state["total_steps"], state["fit_step"], state["warmup_end"]
+    # A busy machine may overrun the 5% margin by a few steps; the averaging still happens.
+    assert result.stopped in ("total_steps", "max_minutes") and result.step > 0.8 * total
+    assert fit_step < warmup_end == int(0.1 * total) < 1000  # warmup: a tenth of the run
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["lr"] for r in records if "lr" in r]
+    assert max(rates) == pytest.approx(1e-3, rel=0.2)  # the peak is reached ...
+    assert rates[-1] < 0.1 * max(rates)  # ... and the rate decays to ~0 at the end
+    planned = [int(c.name[5:]) for c in list_checkpoints(out)]
+    assert len(planned) >= 2 and planned[0] > fit_step
+    if result.stopped == "total_steps":
+        assert len(planned) == 3 and planned[-1] == total
+    load_model_dir(out / "averaged")
 
 
 @pytest.mark.parametrize(

@@ -455,8 +455,11 @@ class TrainState:
     tokens: int = 0  # target tokens trained on
     elapsed_s: float = 0.0
     # lr_schedule = "cosine_budget": the step the schedule ends at, fixed once (0 = not yet),
-    # so that a resume follows the same schedule
+    # so that a resume follows the same schedule; the step it was fixed at, and where its
+    # fitted warmup ends (0 in checkpoints from before they were recorded: aiayn.train.budget_lr)
     total_steps: int = 0
+    fit_step: int = 0
+    warmup_end: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "python_random": _jsonable(random.getstate())}

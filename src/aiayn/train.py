@@ -111,11 +111,43 @@ def cosine_lr(step: int, warmup: int, total: int, peak: float, floor: float = 0.
     return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
 
 
-def learning_rate(step: int, tc: TrainConfig, d_model: int, total_steps: int = 0) -> float:
+def budget_lr(
+    step: int, peak: float, warmup: int, total: int = 0, fit_step: int = 0, warmup_end: int = 0
+) -> float:
+    """cosine_budget's rate: warmup, then half a cosine from `peak` to 0 at step `total`.
+
+    Until the total is fitted (total = 0), and up to `fit_step` (the step it was fitted at),
+    the rate warms up linearly at the configured slope, peak / warmup. From there it goes on
+    linearly to `peak` at `warmup_end` (the fitted warmup, often shorter), then follows the
+    cosine. If the fit came after `warmup_end` (a machine too slow to measure its speed within
+    the fitted warmup), the cosine starts at once from the rate reached: the rate never jumps.
+    `warmup_end = 0` with a total is a checkpoint from before it was recorded, whose warmup
+    was the configured one.
+    """
+    step = max(step, 1)
+    if total <= 0 or step <= fit_step:
+        return peak * min(1.0, step / max(warmup, 1))
+    reached = peak * min(1.0, fit_step / max(warmup, 1))
+    warmup_end = warmup_end or warmup
+    if step <= warmup_end:
+        return reached + (peak - reached) * (step - fit_step) / max(warmup_end - fit_step, 1)
+    top, start = (peak, warmup_end) if warmup_end > fit_step else (reached, fit_step)
+    progress = min(1.0, (step - start) / max(total - start, 1))
+    return 0.5 * top * (1.0 + math.cos(math.pi * progress))
+
+
+def learning_rate(
+    step: int,
+    tc: TrainConfig,
+    d_model: int,
+    total_steps: int = 0,
+    fit_step: int = 0,
+    warmup_end: int = 0,
+) -> float:
     """The rate for optimizer step `step` under `tc.lr_schedule`.
 
-    `total_steps` is cosine_budget's fitted end (TrainState.total_steps); while it is still
-    0 (being measured, just after warmup) the rate stays at the peak, where the cosine is flat.
+    `total_steps`, `fit_step` and `warmup_end` are cosine_budget's fitted plan, kept in
+    TrainState (see `budget_lr`); while the total is 0 the rate is still warming up.
     """
     if tc.lr_schedule == "noam":
         return noam_lr(step, d_model, tc.warmup_steps, tc.lr)
@@ -124,7 +156,7 @@ def learning_rate(step: int, tc: TrainConfig, d_model: int, total_steps: int = 0
     if tc.lr_schedule == "cosine":
         return cosine_lr(step, tc.warmup_steps, tc.max_steps, tc.lr)
     if tc.lr_schedule == "cosine_budget":
-        return cosine_lr(step, tc.warmup_steps, total_steps or 2**62, tc.lr)
+        return budget_lr(step, tc.lr, tc.warmup_steps, total_steps, fit_step, warmup_end)
     return tc.lr
 
 
@@ -134,6 +166,10 @@ def learning_rate(step: int, tc: TrainConfig, d_model: int, total_steps: int = 0
 # that fell outside the measuring window, and a slower machine later on, fit in the rest.
 BUDGET_MARGIN = 0.95
 FIT_MIN_STEPS = 20  # the shortest measuring window, in steps
+# The window ends after this share of the budget (or valid_every steps, if that comes first):
+# well inside the fitted warmup, so the fit never waits for a warmup the budget cannot afford.
+FIT_SHARE = 0.05
+WARMUP_SHARE = 0.1  # the fitted warmup is at most this share of the fitted total
 AVERAGE_SPAN = 0.2  # averaged checkpoints are spread over the last 20% of the schedule
 
 
@@ -156,14 +192,24 @@ def fit_total_steps(
     return max(step, min(total, max_steps))
 
 
-def average_steps(total_steps: int, n: int) -> list[int]:
+def fit_warmup_end(total_steps: int, warmup: int) -> int:
+    """The fitted warmup's last step: the configured warmup, but at most WARMUP_SHARE of
+    `total_steps` (a 5-minute budget must not spend itself warming up), and at least 1."""
+    return max(1, min(warmup, int(WARMUP_SHARE * total_steps)))
+
+
+def average_steps(total_steps: int, n: int, after: int = 0) -> list[int]:
     """The `n` evenly spaced steps, ending at `total_steps`, whose checkpoints are averaged.
 
     They span the last AVERAGE_SPAN of the schedule, where the rate is low and the weights
     move little, so their mean is a smoother model (§6.1 averages the last 5 checkpoints).
+    All lie after step `after` (where the total was fitted: earlier steps are past), closer
+    together when the span would reach back before it.
     """
     gap = max(1, int(AVERAGE_SPAN * total_steps) // max(n, 1))
-    return [s for s in (total_steps - i * gap for i in reversed(range(n))) if s >= 1]
+    if total_steps - (n - 1) * gap <= after:
+        gap = max(1, (total_steps - after - 1) // max(n - 1, 1))
+    return [s for s in (total_steps - i * gap for i in reversed(range(n))) if s > max(after, 0)]
 
 
 # --- validation -----------------------------------------------------------------------------------
@@ -320,6 +366,7 @@ class _Run:
         self.last_loss = float("nan")
         self.last_saved = state.step
         self.last_validated = state.step
+        self.first_step = state.step  # where this session started (a resume, or 0)
         self.fit_mark: tuple[int, float] | None = None  # (step, elapsed) where speed is measured
 
     def elapsed(self) -> float:
@@ -409,9 +456,10 @@ class _Run:
 
     def planned_averages(self) -> list[int]:
         """The steps whose checkpoints are averaged at the end; [] before the total is fixed."""
-        if self.tc.average_last < 1 or self.state.total_steps < 1:
+        st = self.state
+        if self.tc.average_last < 1 or st.total_steps < 1:
             return []
-        return average_steps(self.state.total_steps, self.tc.average_last)
+        return average_steps(st.total_steps, self.tc.average_last, after=st.fit_step)
 
     def save_due(self) -> bool:
         """A checkpoint every `save_every` steps, but only the averaged ones once their span
@@ -587,7 +635,8 @@ def _loop(run: _Run, net: torch.nn.Module, progress: bool) -> str:
             if tc.lr_schedule == "cosine_budget" and state.total_steps == 0 and _fit_budget(run):
                 bar.total = state.total_steps
                 bar.refresh()
-            lr = learning_rate(state.step + 1, tc, run.cfg.model.d_model, state.total_steps)
+            lr = learning_rate(state.step + 1, tc, run.cfg.model.d_model, state.total_steps,
+                               state.fit_step, state.warmup_end)  # fmt: skip
             epoch = state.epoch
             if d.world > 1:  # each rank its own dropout masks, a pure function of (rank, step),
                 # so a multi-rank resume is exact without gathering every rank's RNG state
@@ -619,36 +668,48 @@ def _loop(run: _Run, net: torch.nn.Module, progress: bool) -> str:
 
 
 def _fit_budget(run: _Run) -> bool:
-    """Fix cosine_budget's end once (True when it was fixed now): max_steps without a time
-    budget, else the step where the speed measured after warmup uses up max_minutes.
+    """Fix cosine_budget's plan once (True when it was fixed now): the total, max_steps
+    without a time budget, else the step where the measured speed uses up max_minutes; and
+    the warmup, at most WARMUP_SHARE of that total.
 
-    The window runs from warmup's end (or a resumed session's first step: the first steps
-    are slow) for valid_every steps, so one validation's cost is in the speed, or until a
-    tenth of the budget has passed. Rank 0's figures decide for every rank.
+    The speed is measured from the session's second step (the first pays one-off costs) while
+    the rate warms up, over valid_every steps, so one validation's cost is in it, or over
+    FIT_SHARE of the budget if that comes first (at least FIT_MIN_STEPS steps, unless twice
+    that share has passed). Rank 0's figures decide for every rank.
     """
     tc, st, d = run.tc, run.state, run.d
     if tc.max_minutes <= 0:
-        st.total_steps = tc.max_steps
+        _fix_plan(run, tc.max_steps)
         return True
-    if st.step < tc.warmup_steps:
+    if st.step <= run.first_step:
         return False
     if run.fit_mark is None:
         run.fit_mark = (st.step, run.elapsed())
         return False
     steps, seconds = st.step - run.fit_mark[0], run.elapsed() - run.fit_mark[1]
     budget_s = 60 * tc.max_minutes
-    due = steps >= max(FIT_MIN_STEPS, tc.valid_every) or seconds >= 0.1 * budget_s
+    due = (steps >= FIT_MIN_STEPS and (steps >= tc.valid_every or seconds >= FIT_SHARE * budget_s)
+           ) or (steps >= 1 and seconds >= 2 * FIT_SHARE * budget_s)  # fmt: skip
     mine = [float(due), steps / max(seconds, 1e-9), run.elapsed()] if d.main else [0.0] * 3
     any_due, rate, elapsed = all_sum(mine, d)
     if not any_due:
         return False
-    st.total_steps = fit_total_steps(st.step, rate, elapsed, budget_s, tc.max_steps)
+    _fix_plan(run, fit_total_steps(st.step, rate, elapsed, budget_s, tc.max_steps))
     if d.main:
         log.info(
-            "%.3g steps/s over steps %d-%d: the schedule ends at step %d (%.1f of %.1f minutes)",
-            rate, run.fit_mark[0], st.step, st.total_steps, elapsed / 60, tc.max_minutes,
+            "%.3g steps/s over steps %d-%d: warmup to step %d, the schedule ends at step %d "
+            "(%.1f of %.1f minutes used); averaging the checkpoints of steps %s",
+            rate, run.fit_mark[0], st.step, st.warmup_end, st.total_steps, elapsed / 60,
+            tc.max_minutes, run.planned_averages() or "none",
         )  # fmt: skip
     return True
+
+
+def _fix_plan(run: _Run, total: int) -> None:
+    """Record the fitted schedule in the state (it is saved with every checkpoint)."""
+    st = run.state
+    st.total_steps, st.fit_step = total, st.step
+    st.warmup_end = fit_warmup_end(total, run.tc.warmup_steps)
 
 
 def _show(run: _Run, bar: Any, lr: float) -> None:
