@@ -148,6 +148,32 @@ def test_copy_task_learns_and_writes_a_model_directory(corpus, tmp_path):
     assert len(list_checkpoints(out)) == 3  # keep_last = 3
 
 
+def test_two_files_are_enough_a_validation_set_is_held_out(corpus, tok, tmp_path):
+    """Without valid_src/valid_tgt the run holds 5% of the corpus out, writes it into the run
+    directory, records it in run_config.json, validates on it (best checkpoint, BLEU), never
+    trains on its sources, and resumes with the same held-out set."""
+    two_files = {k: v for k, v in corpus.items() if not k.startswith("train.valid")}
+    out = tmp_path / "run"
+    over = {"train.max_steps": 20, "train.valid_every": 10, "train.bleu_samples": 5}
+    train(tiny(two_files, out, **over), tokenizer=tok, progress=False)
+    run_cfg = json.loads((out / "run_config.json").read_text())
+    held = run_cfg["heldout_valid"]
+    src_lines = (out / held["src"]).read_text().splitlines()
+    tgt_lines = (out / held["tgt"]).read_text().splitlines()
+    assert held["corpus_lines"] == 400 and held["drawn"] == 20  # 5% of the copy corpus
+    assert len(src_lines) == len(tgt_lines) == held["pairs"] > 0 and src_lines == tgt_lines
+    corpus_src = Path(corpus["train.src"]).read_text().splitlines()
+    repeats = sum(1 for line in corpus_src if line in set(src_lines))
+    assert held["left_out_of_training"] == repeats >= held["pairs"]
+    assert run_cfg["train"]["valid_src"] == ""  # the recipe is unchanged: a resume matches
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in records if "valid_loss" in r]
+    assert [r["step"] for r in valid] == [10, 20] and all("valid_bleu" in r for r in valid)
+    assert valid[-1]["best_step"] in (10, 20)
+    more = train(tiny(two_files, out, **{**over, "train.max_steps": 30}), progress=False)
+    assert more.step == 30 and (out / held["src"]).read_text().splitlines() == src_lines
+
+
 def test_resume_is_bit_identical(corpus, tok, tmp_path):
     """2N steps straight == N steps, stop, resume, N more (dropout on, so RNG state matters)."""
     over = {"train.valid_every": 10, "train.save_every": 7, "train.log_every": 5}

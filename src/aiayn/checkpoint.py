@@ -30,6 +30,7 @@ from torch import Tensor
 # train.py reaches atomic_write_json through this module too (checkpoint.atomic_write_json).
 from aiayn.atomic import atomic_write_bytes, atomic_write_json, fsync_dir
 from aiayn.config import RUN_CONFIG_FILE, Config, ModelConfig, TrainConfig, from_dict, to_dict
+from aiayn.data import HELDOUT_FILES
 from aiayn.distributed import Dist
 from aiayn.errors import CheckpointError, ConfigError, DataError
 from aiayn.model import _ModelBase
@@ -501,7 +502,7 @@ def restore_rng(tensors: dict[str, Tensor], device: torch.device) -> None:
 # --- the run directory ----------------------------------------------------------------------------
 
 AVERAGED_DIR = "averaged"  # the averaged model a cosine_budget run writes at its end
-_OWN_FILES = {*TOKENIZER_FILES, RUN_CONFIG_FILE, METRICS_FILE, CHECKPOINTS_DIR}
+_OWN_FILES = {*TOKENIZER_FILES, *HELDOUT_FILES, RUN_CONFIG_FILE, METRICS_FILE, CHECKPOINTS_DIR}
 
 
 def find_resume(out: Path) -> Path | None:

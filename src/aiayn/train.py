@@ -32,6 +32,7 @@ from torch import Tensor
 
 from aiayn import checkpoint as ckpt_io
 from aiayn import metrics
+from aiayn.atomic import atomic_write_text
 from aiayn.checkpoint import (
     AVERAGED_DIR,
     METRICS_FILE,
@@ -44,12 +45,15 @@ from aiayn.checkpoint import (
 )
 from aiayn.config import RUN_CONFIG_FILE, Config, TrainConfig, to_dict
 from aiayn.data import (
+    HELDOUT_FILES,
     Batch,
     Example,
+    Heldout,
     RunData,
     StepLoader,
     batch_plan,
     collate,
+    hold_out,
     load_data,
     read_parallel,
 )
@@ -307,9 +311,15 @@ def train_step(
 
 
 def prepare_tokenizer(
-    cfg: Config, out: Path, resume: Path | None, given: Tokenizer | None, d: Dist
+    cfg: Config,
+    out: Path,
+    resume: Path | None,
+    given: Tokenizer | None,
+    d: Dist,
+    heldout: Heldout | None = None,
 ) -> Tokenizer:
-    """The run's tokenizer: reloaded on resume, else given or trained on the training text."""
+    """The run's tokenizer: reloaded on resume, else given or trained on the training text
+    (without the pairs `heldout` leaves out of training)."""
     if resume is not None:
         return Tokenizer.load(out)
     if d.main:
@@ -318,7 +328,8 @@ def prepare_tokenizer(
             tc = cfg.train
             if not tc.src:
                 raise ConfigError("train.src is empty: give a training corpus (two files or a TSV)")
-            texts = (side for pair in read_parallel(tc.src, tc.tgt or None) for side in pair)
+            pairs = read_parallel(tc.src, tc.tgt or None, heldout=heldout)
+            texts = (side for pair in pairs for side in pair)
             log.info(
                 "training a %d-piece %s tokenizer on %s", tc.vocab_size, tc.spm_model_type, tc.src
             )
@@ -567,7 +578,8 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.M
     if tc.init_from:  # continued training: the architecture and vocabulary are the model's
         cfg = dataclasses.replace(cfg, model=ckpt_io.load_model_config(tc.init_from))
         tokenizer = Tokenizer.load(tc.init_from)
-    tok = prepare_tokenizer(cfg, out, resume, tokenizer, d)
+    heldout = _hold_out(tc, out, d) if tc.src and not tc.valid_src else None
+    tok = prepare_tokenizer(cfg, out, resume, tokenizer, d, heldout)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(  # the vocabulary's size and ids
         cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id,
         eos_id=tok.eos_id))  # fmt: skip
@@ -576,7 +588,7 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.M
     fingerprint = data_fingerprint(tc)
     if resume is not None:
         check_resumable(out, cfg, fingerprint)
-    data = load_data(tc, tok, d)
+    data = load_data(tc, tok, d, heldout)
     torch.manual_seed(tc.seed)  # seeds the GPU's generator too
     random.seed(tc.seed)
     precision.apply()
@@ -602,6 +614,12 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.M
             "data_sha256": fingerprint,
             "runtime": {**precision.to_json(), "world_size": d.world},
         }
+        if heldout is not None:
+            run_config["heldout_valid"] = {
+                "src": HELDOUT_FILES[0], "tgt": HELDOUT_FILES[1], "pairs": len(heldout.pairs),
+                "corpus_lines": heldout.corpus_lines, "drawn": len(heldout.lines),
+                "seed": tc.seed, "left_out_of_training": data.held_out,
+            }  # fmt: skip
         ckpt_io.atomic_write_json(out / RUN_CONFIG_FILE, run_config)
     model.train()
     net: torch.nn.Module = model
@@ -614,6 +632,26 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.M
     if tc.compile:
         net = torch.compile(net)  # type: ignore[assignment]
     return _Run(cfg, tok, data, model, opt, state, d, out, precision), net
+
+
+def _hold_out(tc: TrainConfig, out: Path, d: Dist) -> Heldout | None:
+    """No validation files: hold a validation set out of the training corpus (`data.hold_out`)
+    and write it into the run directory (rank 0), so that `aiayn evaluate` can use it too."""
+    heldout = hold_out(tc.src, tc.tgt or None, tc.seed)
+    if not heldout.pairs:
+        if d.main:
+            log.warning("no validation files, and %d lines are too few to hold 5%% out: "
+                        "training without validation", heldout.corpus_lines)  # fmt: skip
+        return None
+    if d.main:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, side in zip(HELDOUT_FILES, (0, 1), strict=True):
+            atomic_write_text(out / name, "".join(pair[side] + "\n" for pair in heldout.pairs))
+        log.info(
+            "no validation files: held out %d of %d training pairs (seed %d) as %s and %s in %s",
+            len(heldout.pairs), heldout.corpus_lines, tc.seed, *HELDOUT_FILES, out,
+        )  # fmt: skip
+    return heldout
 
 
 def _loop(run: _Run, net: torch.nn.Module, progress: bool) -> str:
