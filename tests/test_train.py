@@ -567,6 +567,39 @@ def test_a_budget_shorter_than_the_warmup_still_decays_to_its_end_and_averages(
     load_model_dir(out / "averaged")
 
 
+def test_a_budget_run_chooses_alpha_on_validation_for_its_averaged_model(
+    corpus, tok, tmp_path, capsys
+):
+    """At the end of a cosine_budget run the averaged model's [decode] alpha is the best of
+    ALPHA_GRID on validation, found by the same sweep as `evaluate --alphas` (same BLEUs), and
+    saved where translate reads its defaults; the run directory's own model keeps its alpha."""
+    from aiayn.cli import main
+    from aiayn.train import ALPHA_GRID
+    from aiayn.translate import saved_decode_config
+
+    out = tmp_path / "run"
+    over = {"train.lr_schedule": "cosine_budget", "train.lr": 3e-3, "train.warmup_steps": 10,
+            "train.max_steps": 60, "train.valid_every": 1000, "train.average_last": 2,
+            "decode.beam_size": 2}  # fmt: skip
+    train(tiny(corpus, out, **over), tokenizer=tok, progress=False)
+    saved = json.loads((out / "averaged" / "run_config.json").read_text())
+    choice = saved["alpha_choice"]
+    assert choice["sentences"] == 40 and choice["beam_size"] == 2  # the whole validation set
+    rows = choice["rows"]
+    assert [r["alpha"] for r in rows] == list(ALPHA_GRID)
+    best = max(rows, key=lambda r: r["bleu"])  # the first of equal scores, as sweep_alpha
+    assert [r["best"] for r in rows].count(True) == 1 and best["best"]
+    assert saved["decode"]["alpha"] == best["alpha"] == saved_decode_config(out / "averaged").alpha
+    assert saved_decode_config(out).alpha == 0.6  # the run's own [decode] is untouched
+    capsys.readouterr()
+    args = ["evaluate", "--model", str(out / "averaged"), "--src", corpus["train.valid_src"],
+            "--ref", corpus["train.valid_tgt"], "--beam", "2", "--json",
+            "--alphas", ",".join(str(a) for a in ALPHA_GRID)]  # fmt: skip
+    assert main(args) == 0
+    swept = json.loads(capsys.readouterr().out)
+    assert [(r["alpha"], r["bleu"]) for r in swept] == [(r["alpha"], r["bleu"]) for r in rows]
+
+
 @pytest.mark.parametrize(
     "over, message",
     [

@@ -253,13 +253,17 @@ def _parse_alphas(text: str) -> list[float]:
 
 def _run_alpha_sweep(args: argparse.Namespace) -> int:
     """`evaluate --alphas`: a table (or JSON list) of BLEU per α, and the best one."""
-    from aiayn.translate import sweep_alpha
+    from aiayn.errors import DataError
+    from aiayn.translate import read_file_lines, sweep_alpha
 
     alphas = _parse_alphas(args.alphas)  # checked before the model loads
     if args.alpha is not None or args.hyps is not None:
         raise AiaynError("--alphas chooses alpha itself: leave out --alpha and --hyps")
+    src, refs = read_file_lines(args.src), read_file_lines(args.ref)
+    if len(src) != len(refs):
+        raise DataError(f"{args.src} has {len(src)} lines but {args.ref} has {len(refs)}")
     translator, cfg = _decode_setup(args)
-    rows = sweep_alpha(translator, cfg, args.src, args.ref, alphas, batch_tokens=args.batch_tokens)
+    rows = sweep_alpha(translator, cfg, src, refs, alphas, batch_tokens=args.batch_tokens)
     if args.json:
         print(json.dumps(rows))
         return 0
