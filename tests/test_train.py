@@ -174,6 +174,28 @@ def test_two_files_are_enough_a_validation_set_is_held_out(corpus, tok, tmp_path
     assert more.step == 30 and (out / held["src"]).read_text().splitlines() == src_lines
 
 
+def test_train_runs_the_data_check_and_says_what_it_found(corpus, tok, tmp_path, caplog):
+    """The copy corpus is all copies, repeats some pairs, and its validation set is its first
+    40 training pairs: the log says so, once per run (not again on resume)."""
+    import logging
+
+    from aiayn.data_check import check_corpus
+
+    expected = check_corpus(corpus["train.src"], corpus["train.tgt"],
+                            {"valid": (corpus["train.valid_src"], corpus["train.valid_tgt"])})
+    assert expected.counts["copies"] == 400 and expected.counts["overlap"] == 40
+    with caplog.at_level(logging.INFO, logger="aiayn.train"):
+        train(tiny(corpus, tmp_path / "run", **{"train.max_steps": 2}), tokenizer=tok,
+              progress=False)  # fmt: skip
+    found = [r.getMessage() for r in caplog.records if "data check" in r.getMessage()]
+    assert len(found) == 1 and found[0].startswith(f"data check: {expected.summary()} (")
+    assert "aiayn data check --src" in found[0]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="aiayn.train"):
+        train(tiny(corpus, tmp_path / "run", **{"train.max_steps": 3}), progress=False)
+    assert not [r for r in caplog.records if "data check" in r.getMessage()]
+
+
 def test_resume_is_bit_identical(corpus, tok, tmp_path):
     """2N steps straight == N steps, stop, resume, N more (dropout on, so RNG state matters)."""
     over = {"train.valid_every": 10, "train.save_every": 7, "train.log_every": 5}

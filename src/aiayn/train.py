@@ -589,6 +589,8 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.M
     if resume is not None:
         check_resumable(out, cfg, fingerprint)
     data = load_data(tc, tok, d, heldout)
+    if d.main and resume is None:  # once per run: a resume has the same data (data_sha256)
+        _log_data_check(tc)
     torch.manual_seed(tc.seed)  # seeds the GPU's generator too
     random.seed(tc.seed)
     precision.apply()
@@ -632,6 +634,26 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.M
     if tc.compile:
         net = torch.compile(net)  # type: ignore[assignment]
     return _Run(cfg, tok, data, model, opt, state, d, out, precision), net
+
+
+def _log_data_check(tc: TrainConfig) -> None:
+    """Say what `aiayn data check` finds in the corpus (counts only: one streaming pass)."""
+    from aiayn.data_check import check_corpus
+
+    t0 = time.monotonic()
+    evals: dict[str, tuple[str | Path, str | Path | None]] = {}
+    if tc.valid_src:
+        evals["valid"] = (tc.valid_src, tc.valid_tgt or None)
+    report = check_corpus(tc.src, tc.tgt or None, evals, examples=False)
+    if any(report.counts.values()):
+        flags = f"--src {tc.src}" + (f" --tgt {tc.tgt}" if tc.tgt else "")
+        if tc.valid_src:
+            flags += f" --valid-src {tc.valid_src} --valid-tgt {tc.valid_tgt}"
+        log.warning("data check: %s (%.1f s); `aiayn data check %s` shows examples and can "
+                    "write a cleaned corpus (docs/data.md)", report.summary(),
+                    time.monotonic() - t0, flags)  # fmt: skip
+    else:
+        log.info("data check: nothing found (%.1f s)", time.monotonic() - t0)
 
 
 def _hold_out(tc: TrainConfig, out: Path, d: Dist) -> Heldout | None:
