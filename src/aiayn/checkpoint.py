@@ -455,12 +455,14 @@ class TrainState:
     bad_validations: int = 0  # validations in a row without improvement (early stopping)
     tokens: int = 0  # target tokens trained on
     elapsed_s: float = 0.0
-    # lr_schedule = "cosine_budget": the step the schedule ends at, fixed once (0 = not yet),
-    # so that a resume follows the same schedule; the step it was fixed at, and where its
-    # fitted warmup ends (0 in checkpoints from before they were recorded: aiayn.train.budget_lr)
+    # lr_schedule = "cosine_budget": its fitted schedule (aiayn.train.BudgetPlan), so that a
+    # resume follows it: the step it ends at (0 = not fitted yet), the step it was fitted at,
+    # where its warmup ends (0 in checkpoints from before it was recorded), and the last re-fit
     total_steps: int = 0
     fit_step: int = 0
     warmup_end: int = 0
+    refit_step: int = 0
+    refit_progress: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "python_random": _jsonable(random.getstate())}

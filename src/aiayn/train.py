@@ -115,44 +115,59 @@ def cosine_lr(step: int, warmup: int, total: int, peak: float, floor: float = 0.
     return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
 
 
-def budget_lr(
-    step: int, peak: float, warmup: int, total: int = 0, fit_step: int = 0, warmup_end: int = 0
-) -> float:
-    """cosine_budget's rate: warmup, then half a cosine from `peak` to 0 at step `total`.
+@dataclass(frozen=True)
+class BudgetPlan:
+    """cosine_budget's fitted schedule (kept in TrainState, so a resume follows it)."""
 
-    Until the total is fitted (total = 0), and up to `fit_step` (the step it was fitted at),
-    the rate warms up linearly at the configured slope, peak / warmup. From there it goes on
-    linearly to `peak` at `warmup_end` (the fitted warmup, often shorter), then follows the
-    cosine. If the fit came after `warmup_end` (a machine too slow to measure its speed within
-    the fitted warmup), the cosine starts at once from the rate reached: the rate never jumps.
-    `warmup_end = 0` with a total is a checkpoint from before it was recorded, whose warmup
-    was the configured one.
+    total: int = 0  # the step the rate reaches 0 (0 = not fitted yet)
+    fit_step: int = 0  # the step it was fitted at
+    warmup_end: int = 0  # the fitted warmup's last step (0: from before it was recorded)
+    refit_step: int = 0  # the last step the total was re-fitted at (0 = never) ...
+    refit_progress: float = 0.0  # ... and the cosine's progress there, kept on re-fitting
+
+    def progress(self, step: int, start: int) -> float:
+        """How far along the cosine (0 at `start`, 1 at `total`) step `step` is. From a
+        re-fit on, the rest of the way is spread evenly over the steps to the new total, so
+        the rate goes on from where it was, never jumping (steps before it are past: the
+        plan no longer gives their rates)."""
+        if self.refit_step > start and step >= self.refit_step:
+            rest = (step - self.refit_step) / max(self.total - self.refit_step, 1)
+            return min(1.0, self.refit_progress + (1.0 - self.refit_progress) * rest)
+        return min(1.0, max(0.0, (step - start) / max(self.total - start, 1)))
+
+
+def budget_lr(step: int, peak: float, warmup: int, plan: BudgetPlan) -> float:
+    """cosine_budget's rate: warmup, then half a cosine from `peak` to 0 at `plan.total`.
+
+    Until the total is fitted (total = 0), and up to `fit_step`, the rate warms up linearly
+    at the configured slope, peak / warmup. From there it goes on linearly to `peak` at
+    `warmup_end` (the fitted warmup, often shorter), then follows the cosine. `fit_warmup_end`
+    puts `warmup_end` after `fit_step`; were it not, the cosine would start at once from the
+    rate reached: the rate never jumps. `warmup_end = 0` with a total is a checkpoint from
+    before it was recorded, whose warmup was the configured one.
     """
     step = max(step, 1)
-    if total <= 0 or step <= fit_step:
+    if plan.total <= 0 or step <= plan.fit_step:
         return peak * min(1.0, step / max(warmup, 1))
-    reached = peak * min(1.0, fit_step / max(warmup, 1))
-    warmup_end = warmup_end or warmup
+    reached = peak * min(1.0, plan.fit_step / max(warmup, 1))
+    warmup_end = plan.warmup_end or warmup
     if step <= warmup_end:
-        return reached + (peak - reached) * (step - fit_step) / max(warmup_end - fit_step, 1)
-    top, start = (peak, warmup_end) if warmup_end > fit_step else (reached, fit_step)
-    progress = min(1.0, (step - start) / max(total - start, 1))
-    return 0.5 * top * (1.0 + math.cos(math.pi * progress))
+        rise = (step - plan.fit_step) / max(warmup_end - plan.fit_step, 1)
+        return reached + (peak - reached) * rise
+    top, start = (peak, warmup_end) if warmup_end > plan.fit_step else (reached, plan.fit_step)
+    return 0.5 * top * (1.0 + math.cos(math.pi * plan.progress(step, start)))
+
+
+def cosine_start(plan: BudgetPlan, warmup: int) -> int:
+    """The step cosine_budget's cosine starts from (see `budget_lr`)."""
+    return max(plan.warmup_end or warmup, plan.fit_step)
 
 
 def learning_rate(
-    step: int,
-    tc: TrainConfig,
-    d_model: int,
-    total_steps: int = 0,
-    fit_step: int = 0,
-    warmup_end: int = 0,
+    step: int, tc: TrainConfig, d_model: int, plan: BudgetPlan | None = None
 ) -> float:
-    """The rate for optimizer step `step` under `tc.lr_schedule`.
-
-    `total_steps`, `fit_step` and `warmup_end` are cosine_budget's fitted plan, kept in
-    TrainState (see `budget_lr`); while the total is 0 the rate is still warming up.
-    """
+    """The rate for optimizer step `step` under `tc.lr_schedule`; `plan` is cosine_budget's
+    fitted schedule (TrainState's; while its total is 0 the rate is still warming up)."""
     if tc.lr_schedule == "noam":
         return noam_lr(step, d_model, tc.warmup_steps, tc.lr)
     if tc.lr_schedule == "inverse_sqrt":
@@ -160,7 +175,7 @@ def learning_rate(
     if tc.lr_schedule == "cosine":
         return cosine_lr(step, tc.warmup_steps, tc.max_steps, tc.lr)
     if tc.lr_schedule == "cosine_budget":
-        return budget_lr(step, tc.lr, tc.warmup_steps, total_steps, fit_step, warmup_end)
+        return budget_lr(step, tc.lr, tc.warmup_steps, plan or BudgetPlan())
     return tc.lr
 
 
@@ -169,11 +184,15 @@ def learning_rate(
 # Of the time left when the speed is measured, the share planned for: validations and saves
 # that fell outside the measuring window, and a slower machine later on, fit in the rest.
 BUDGET_MARGIN = 0.95
-FIT_MIN_STEPS = 20  # the shortest measuring window, in steps
+FIT_MIN_STEPS = 10  # the shortest measuring window, in steps (re-fits correct its noise)
 # The window ends after this share of the budget (or valid_every steps, if that comes first):
 # well inside the fitted warmup, so the fit never waits for a warmup the budget cannot afford.
 FIT_SHARE = 0.05
 WARMUP_SHARE = 0.1  # the fitted warmup is at most this share of the fitted total
+# Every this share of the fitted run, the speed since the last check refits the total (a
+# machine that slows down, or other work on it), if it moved by more than REFIT_TOLERANCE.
+REFIT_SHARE = 0.05
+REFIT_TOLERANCE = 0.01
 AVERAGE_SPAN = 0.2  # averaged checkpoints are spread over the last 20% of the schedule
 
 
@@ -196,10 +215,15 @@ def fit_total_steps(
     return max(step, min(total, max_steps))
 
 
-def fit_warmup_end(total_steps: int, warmup: int) -> int:
+def fit_warmup_end(total_steps: int, warmup: int, fit_step: int = 0) -> int:
     """The fitted warmup's last step: the configured warmup, but at most WARMUP_SHARE of
-    `total_steps` (a 5-minute budget must not spend itself warming up), and at least 1."""
-    return max(1, min(warmup, int(WARMUP_SHARE * total_steps)))
+    `total_steps` (a 5-minute budget must not spend itself warming up). If measuring the speed
+    took the run past that (a slow machine, a short budget), the rate goes on rising from
+    `fit_step` to the peak over WARMUP_SHARE of the steps left."""
+    end = min(warmup, int(WARMUP_SHARE * total_steps))
+    if end > fit_step:
+        return end
+    return min(total_steps, fit_step + max(1, int(WARMUP_SHARE * (total_steps - fit_step))))
 
 
 def average_steps(total_steps: int, n: int, after: int = 0) -> list[int]:
@@ -379,6 +403,7 @@ class _Run:
         self.last_validated = state.step
         self.first_step = state.step  # where this session started (a resume, or 0)
         self.fit_mark: tuple[int, float] | None = None  # (step, elapsed) where speed is measured
+        self.refit_mark: tuple[int, float] | None = None  # the same, for re-fitting the total
 
     def elapsed(self) -> float:
         return self.elapsed0 + time.monotonic() - self.t_start
@@ -470,7 +495,13 @@ class _Run:
         st = self.state
         if self.tc.average_last < 1 or st.total_steps < 1:
             return []
-        return average_steps(st.total_steps, self.tc.average_last, after=st.fit_step)
+        after = max(st.fit_step, st.refit_step)  # planned when the total was last fixed
+        return average_steps(st.total_steps, self.tc.average_last, after=after)
+
+    def plan(self) -> BudgetPlan:
+        st = self.state
+        return BudgetPlan(st.total_steps, st.fit_step, st.warmup_end, st.refit_step,
+                          st.refit_progress)  # fmt: skip
 
     def save_due(self) -> bool:
         """A checkpoint every `save_every` steps, but only the averaged ones once their span
@@ -692,11 +723,12 @@ def _loop(run: _Run, net: torch.nn.Module, progress: bool) -> str:
     )
     with stop_on_signals() as flag, bar, logging_redirect_tqdm():
         while (stopped := run.should_stop(flag)) is None:
-            if tc.lr_schedule == "cosine_budget" and state.total_steps == 0 and _fit_budget(run):
+            if tc.lr_schedule == "cosine_budget" and (
+                _fit_budget(run) if state.total_steps == 0 else _refit_budget(run)
+            ):
                 bar.total = state.total_steps
                 bar.refresh()
-            lr = learning_rate(state.step + 1, tc, run.cfg.model.d_model, state.total_steps,
-                               state.fit_step, state.warmup_end)  # fmt: skip
+            lr = learning_rate(state.step + 1, tc, run.cfg.model.d_model, run.plan())
             epoch = state.epoch
             if d.world > 1:  # each rank its own dropout masks, a pure function of (rank, step),
                 # so a multi-rank resume is exact without gathering every rank's RNG state
@@ -769,7 +801,48 @@ def _fix_plan(run: _Run, total: int) -> None:
     """Record the fitted schedule in the state (it is saved with every checkpoint)."""
     st = run.state
     st.total_steps, st.fit_step = total, st.step
-    st.warmup_end = fit_warmup_end(total, run.tc.warmup_steps)
+    st.warmup_end = fit_warmup_end(total, run.tc.warmup_steps, st.step)
+    run.refit_mark = (st.step, run.elapsed())
+
+
+def _refit_budget(run: _Run) -> bool:
+    """Move cosine_budget's end when the machine turns out slower or faster than measured
+    (True when it moved): every REFIT_SHARE of the fitted run, in the cosine and before the
+    averaged checkpoints' span, the speed over the last such window refits the total. The
+    cosine goes on from its current rate (`BudgetPlan.progress`), so nothing jumps.
+
+    The checks fall on the same steps on every rank; rank 0's figures decide.
+    """
+    tc, st, d = run.tc, run.state, run.d
+    if tc.max_minutes <= 0:
+        return False
+    if run.refit_mark is None:  # a resumed session: measure from its second step
+        if st.step > run.first_step:
+            run.refit_mark = (st.step, run.elapsed())
+        return False
+    every = max(FIT_MIN_STEPS, int(REFIT_SHARE * (st.total_steps - st.fit_step)))
+    planned = run.planned_averages()
+    start = cosine_start(run.plan(), tc.warmup_steps)
+    if (st.step - st.fit_step) % every or st.step <= start or (planned and st.step >= planned[0]):
+        return False
+    mark_step, mark_s = run.refit_mark
+    seconds = run.elapsed() - mark_s
+    mine = [(st.step - mark_step) / max(seconds, 1e-9), run.elapsed()] if d.main else [0.0, 0.0]
+    rate, elapsed = all_sum(mine, d)
+    run.refit_mark = (st.step, run.elapsed())
+    total = fit_total_steps(st.step, rate, elapsed, 60 * tc.max_minutes, tc.max_steps)
+    if abs(total - st.total_steps) <= REFIT_TOLERANCE * st.total_steps:
+        return False
+    progress = run.plan().progress(st.step, start)
+    old = st.total_steps
+    st.total_steps, st.refit_step, st.refit_progress = total, st.step, progress
+    if d.main:
+        log.info(
+            "%.3g steps/s over steps %d-%d: the schedule now ends at step %d, not %d; "
+            "averaging the checkpoints of steps %s",
+            rate, mark_step, st.step, total, old, run.planned_averages() or "none",
+        )  # fmt: skip
+    return True
 
 
 def _show(run: _Run, bar: Any, lr: float) -> None:
