@@ -189,10 +189,11 @@ FIT_MIN_STEPS = 10  # the shortest measuring window, in steps (re-fits correct i
 # well inside the fitted warmup, so the fit never waits for a warmup the budget cannot afford.
 FIT_SHARE = 0.05
 WARMUP_SHARE = 0.1  # the fitted warmup is at most this share of the fitted total
-# Every this share of the fitted run, the speed since the last check refits the total (a
-# machine that slows down, or other work on it), if it moved by more than REFIT_TOLERANCE.
+# Every this share of the fitted run, the speed since the last re-fit (or the fit) re-fits
+# the total (a machine that slows down, other work on it), if it moved by more than
+# REFIT_TOLERANCE: step times vary by a few percent with the batches' lengths.
 REFIT_SHARE = 0.05
-REFIT_TOLERANCE = 0.01
+REFIT_TOLERANCE = 0.02
 AVERAGE_SPAN = 0.2  # averaged checkpoints are spread over the last 20% of the schedule
 
 
@@ -807,9 +808,12 @@ def _fix_plan(run: _Run, total: int) -> None:
 
 def _refit_budget(run: _Run) -> bool:
     """Move cosine_budget's end when the machine turns out slower or faster than measured
-    (True when it moved): every REFIT_SHARE of the fitted run, in the cosine and before the
-    averaged checkpoints' span, the speed over the last such window refits the total. The
-    cosine goes on from its current rate (`BudgetPlan.progress`), so nothing jumps.
+    (True when it moved). Every REFIT_SHARE of the fitted run, in the cosine and before the
+    averaged checkpoints' span, the speed since the last move (or the fit) re-fits the total;
+    a change over REFIT_TOLERANCE is applied, the cosine going on from its current rate
+    (`BudgetPlan.progress`), so nothing jumps. Measuring since the last move, not over the
+    last window only, averages out the step-to-step noise (batches of other lengths) and
+    still catches a lasting slowdown.
 
     The checks fall on the same steps on every rank; rank 0's figures decide.
     """
@@ -823,19 +827,24 @@ def _refit_budget(run: _Run) -> bool:
     every = max(FIT_MIN_STEPS, int(REFIT_SHARE * (st.total_steps - st.fit_step)))
     planned = run.planned_averages()
     start = cosine_start(run.plan(), tc.warmup_steps)
-    if (st.step - st.fit_step) % every or st.step <= start or (planned and st.step >= planned[0]):
-        return False
     mark_step, mark_s = run.refit_mark
+    if (
+        st.step - mark_step < every
+        or (st.step - st.fit_step) % every
+        or st.step <= start
+        or (planned and st.step >= planned[0])
+    ):
+        return False
     seconds = run.elapsed() - mark_s
     mine = [(st.step - mark_step) / max(seconds, 1e-9), run.elapsed()] if d.main else [0.0, 0.0]
     rate, elapsed = all_sum(mine, d)
-    run.refit_mark = (st.step, run.elapsed())
     total = fit_total_steps(st.step, rate, elapsed, 60 * tc.max_minutes, tc.max_steps)
     if abs(total - st.total_steps) <= REFIT_TOLERANCE * st.total_steps:
         return False
     progress = run.plan().progress(st.step, start)
     old = st.total_steps
     st.total_steps, st.refit_step, st.refit_progress = total, st.step, progress
+    run.refit_mark = (st.step, run.elapsed())
     if d.main:
         log.info(
             "%.3g steps/s over steps %d-%d: the schedule now ends at step %d, not %d; "
