@@ -17,6 +17,7 @@ from aiayn.data import (
     batch_plan,
     collate,
     encode_pairs,
+    hold_out,
     padding_efficiency,
     read_parallel,
 )
@@ -156,3 +157,29 @@ def test_example_larger_than_budget_is_a_clear_error():
     exs = [Example((5,) * 30 + (EOS_ID,), (BOS_ID, 6, EOS_ID))]
     with pytest.raises(DataError, match="does not fit max_tokens=16"):
         batch_plan(exs, 16)
+
+
+def test_hold_out_draws_a_bounded_deterministic_validation_set_that_training_never_sees(tmp_path):
+    """5% of the lines (at most 2000), drawn by seed; deduplicated by source; training leaves out
+    the drawn lines and every other pair with a held-out source (a repeated sentence)."""
+    rng = random.Random(0)
+    lines = [f"s{rng.randrange(300)} x" for _ in range(1000)]  # many sources repeat
+    src = write(tmp_path / "t.src", "".join(f"{s}\n" for s in lines))
+    tgt = write(tmp_path / "t.tgt", "".join(f"{s} T\n" for s in lines))
+    held = hold_out(src, tgt, seed=3)
+    assert held.corpus_lines == 1000 and len(held.lines) == 50  # 5% of 1000
+    sources = [s for s, _ in held.pairs]
+    assert len(sources) == len(set(sources)) and 0 < len(sources) <= 50
+    assert held.sources == frozenset(sources)
+    assert all(t == f"{s} T" for s, t in held.pairs)  # aligned pairs
+    assert hold_out(src, tgt, seed=3) == held and hold_out(src, tgt, seed=4).lines != held.lines
+    stats = DataStats()
+    train = list(read_parallel(src, tgt, stats, held))
+    assert not {s for s, _ in train} & held.sources
+    left_out = sum(1 for s in lines if s in held.sources)  # the drawn lines and their repeats
+    assert stats.held_out == left_out > len(held.pairs) and len(train) == 1000 - left_out
+    assert "held out for validation" in stats.report("train")
+    big = write(tmp_path / "big.tsv", "".join(f"{i}\t{i}\n" for i in range(50_000)))
+    assert len(hold_out(big, None, seed=1).pairs) == 2000  # the cap, not 5% (2500)
+    small = write(tmp_path / "small.tsv", "a\tb\n" * 19)
+    assert hold_out(small, None, seed=1).pairs == []  # 5% of 19 lines is no pair at all

@@ -18,7 +18,7 @@ LAYERS = [
     "kv_cache", "attention", "model", "variants", "reference",
     "__init__",  # the package's public names: config, model, variants, tracing
     # text, data, files
-    "tokenizer", "data", "checkpoint", "marian", "synthetic",
+    "tokenizer", "data", "data_check", "checkpoint", "marian", "synthetic",
     # using a model
     "decode", "translate", "train",
     # exporting it to other engines, and running the exports

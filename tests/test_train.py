@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -22,6 +23,7 @@ from aiayn.config import PAD_ID, TrainConfig, load_config
 from aiayn.errors import CheckpointError
 from aiayn.tokenizer import Tokenizer
 from aiayn.train import (
+    BudgetPlan,
     cosine_lr,
     inverse_sqrt_lr,
     label_smoothed_loss,
@@ -145,6 +147,54 @@ def test_copy_task_learns_and_writes_a_model_directory(corpus, tmp_path):
     assert runtime["why"].startswith("auto: ") and runtime["world_size"] == 1
     assert set(run_cfg["data_sha256"]) == {"src", "tgt", "valid_src", "valid_tgt"}
     assert len(list_checkpoints(out)) == 3  # keep_last = 3
+
+
+def test_two_files_are_enough_a_validation_set_is_held_out(corpus, tok, tmp_path):
+    """Without valid_src/valid_tgt the run holds 5% of the corpus out, writes it into the run
+    directory, records it in run_config.json, validates on it (best checkpoint, BLEU), never
+    trains on its sources, and resumes with the same held-out set."""
+    two_files = {k: v for k, v in corpus.items() if not k.startswith("train.valid")}
+    out = tmp_path / "run"
+    over = {"train.max_steps": 20, "train.valid_every": 10, "train.bleu_samples": 5}
+    train(tiny(two_files, out, **over), tokenizer=tok, progress=False)
+    run_cfg = json.loads((out / "run_config.json").read_text())
+    held = run_cfg["heldout_valid"]
+    src_lines = (out / held["src"]).read_text().splitlines()
+    tgt_lines = (out / held["tgt"]).read_text().splitlines()
+    assert held["corpus_lines"] == 400 and held["drawn"] == 20  # 5% of the copy corpus
+    assert len(src_lines) == len(tgt_lines) == held["pairs"] > 0 and src_lines == tgt_lines
+    corpus_src = Path(corpus["train.src"]).read_text().splitlines()
+    repeats = sum(1 for line in corpus_src if line in set(src_lines))
+    assert held["left_out_of_training"] == repeats >= held["pairs"]
+    assert run_cfg["train"]["valid_src"] == ""  # the recipe is unchanged: a resume matches
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in records if "valid_loss" in r]
+    assert [r["step"] for r in valid] == [10, 20] and all("valid_bleu" in r for r in valid)
+    assert valid[-1]["best_step"] in (10, 20)
+    more = train(tiny(two_files, out, **{**over, "train.max_steps": 30}), progress=False)
+    assert more.step == 30 and (out / held["src"]).read_text().splitlines() == src_lines
+
+
+def test_train_runs_the_data_check_and_says_what_it_found(corpus, tok, tmp_path, caplog):
+    """The copy corpus is all copies, repeats some pairs, and its validation set is its first
+    40 training pairs: the log says so, once per run (not again on resume)."""
+    import logging
+
+    from aiayn.data_check import check_corpus
+
+    expected = check_corpus(corpus["train.src"], corpus["train.tgt"],
+                            {"valid": (corpus["train.valid_src"], corpus["train.valid_tgt"])})
+    assert expected.counts["copies"] == 400 and expected.counts["overlap"] == 40
+    with caplog.at_level(logging.INFO, logger="aiayn.train"):
+        train(tiny(corpus, tmp_path / "run", **{"train.max_steps": 2}), tokenizer=tok,
+              progress=False)  # fmt: skip
+    found = [r.getMessage() for r in caplog.records if "data check" in r.getMessage()]
+    assert len(found) == 1 and found[0].startswith(f"data check: {expected.summary()} (")
+    assert "aiayn data check --src" in found[0]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="aiayn.train"):
+        train(tiny(corpus, tmp_path / "run", **{"train.max_steps": 3}), progress=False)
+    assert not [r for r in caplog.records if "data check" in r.getMessage()]
 
 
 def test_resume_is_bit_identical(corpus, tok, tmp_path):
@@ -437,6 +487,60 @@ def test_average_steps_are_evenly_spaced_over_the_last_fifth():
     assert average_steps(200, 5) == [168, 176, 184, 192, 200]
     assert average_steps(1000, 4) == [850, 900, 950, 1000]
     assert average_steps(3, 5) == [1, 2, 3]  # a tiny schedule: one step apart, never below 1
+    # fitted at step 190 of 200: the last fifth (from 168) is partly past, so closer together
+    assert average_steps(200, 5, after=190) == [192, 194, 196, 198, 200]
+    assert average_steps(200, 5, after=150) == [168, 176, 184, 192, 200]
+
+
+def test_budget_rate_warms_up_without_waiting_for_the_fit_and_never_jumps():
+    from aiayn.train import BudgetPlan, budget_lr, fit_warmup_end
+
+    peak, warmup = 1e-3, 1000
+    # before the fit: the configured slope
+    assert budget_lr(20, peak, warmup, BudgetPlan()) == pytest.approx(2e-5)
+    # fitted at step 20 to 300 steps: the warmup ends at 30 (10% of the total), not at 1000
+    end = fit_warmup_end(300, warmup)
+    assert end == 30
+    plan = BudgetPlan(300, 20, end)
+    rates = [budget_lr(s, peak, warmup, plan) for s in range(1, 301)]
+    assert rates[19] == pytest.approx(2e-5) and rates[29] == pytest.approx(peak)
+    assert max(rates) == pytest.approx(peak) and rates[-1] == pytest.approx(0.0, abs=1e-15)
+    assert all(b <= a for a, b in itertools.pairwise(rates[29:]))  # decays to the end
+    steps_up = [b - a for a, b in itertools.pairwise(rates[:30])]
+    assert max(steps_up) <= (peak - 2e-5) / 10 + 1e-12  # the fit does not jump the rate
+    # the speed measured over 40 steps of a 100-step run (a slow machine): the rate goes on
+    # rising to the peak over a tenth of the 60 steps left, then decays
+    assert fit_warmup_end(100, warmup, 40) == 46
+    late = BudgetPlan(100, 40, fit_warmup_end(100, warmup, 40))
+    rates = [budget_lr(s, peak, warmup, late) for s in range(40, 101)]
+    assert rates[0] == pytest.approx(4e-5) and rates[6] == pytest.approx(peak) == max(rates)
+    # a plan whose warmup ended before the fit (not made any more): decay from the rate reached
+    odd = BudgetPlan(100, 40, 10)
+    assert budget_lr(41, peak, warmup, odd) <= budget_lr(40, peak, warmup, odd)
+    # a checkpoint from before fit_step/warmup_end were saved: the configured warmup, as then
+    assert budget_lr(1000, peak, warmup, BudgetPlan(3000)) == pytest.approx(peak)
+    assert budget_lr(2000, peak, warmup, BudgetPlan(3000)) == pytest.approx(peak / 2)
+
+
+def test_a_refit_moves_the_end_and_the_rate_goes_on_from_where_it_was():
+    """Re-fitted at step 150 of 300 (the machine slowed: the end is now 250): the rate at 150
+    is kept, the cosine's rest is spread over 150-250, and it reaches 0 at the new end."""
+    from aiayn.train import BudgetPlan, budget_lr
+
+    peak, warmup = 1e-3, 30
+    before = BudgetPlan(300, 20, 30)
+    at = before.progress(150, 30)
+    after = BudgetPlan(250, 20, 30, refit_step=150, refit_progress=at)
+    assert budget_lr(150, peak, warmup, after) == pytest.approx(budget_lr(150, peak, warmup,
+                                                                          before))  # fmt: skip
+    rates = [budget_lr(s, peak, warmup, after) for s in range(150, 251)]
+    assert all(b < a for a, b in itertools.pairwise(rates))
+    assert abs(rates[1] - rates[0]) < 2 * abs(budget_lr(150, peak, warmup, before)
+                                              - budget_lr(149, peak, warmup, before))  # fmt: skip
+    assert rates[-1] == pytest.approx(0.0, abs=1e-15)
+    assert budget_lr(200, peak, warmup, after) == pytest.approx(
+        0.5 * peak * (1 + math.cos(math.pi * (at + (1 - at) * 0.5)))
+    )
 
 
 def test_budget_schedule_reaches_zero_at_the_total_and_survives_a_resume(corpus, tok, tmp_path):
@@ -449,7 +553,7 @@ def test_budget_schedule_reaches_zero_at_the_total_and_survives_a_resume(corpus,
                   tokenizer=tok, progress=False)  # fmt: skip
     assert first.stopped == "max_epochs" and first.step < 48  # before the averaging span
     saved = json.loads((list_checkpoints(out)[-1] / "train_state.json").read_text())
-    assert saved["total_steps"] == 60
+    assert saved["total_steps"] == 60 and saved["fit_step"] == 0 and saved["warmup_end"] == 6
     assert not (out / "averaged").exists()  # logged: stopped before the schedule's end
     second = train(tiny(corpus, out, **over, **{"train.max_steps": 500}), progress=False)
     assert second.stopped == "total_steps" and second.step == 60
@@ -458,8 +562,10 @@ def test_budget_schedule_reaches_zero_at_the_total_and_survives_a_resume(corpus,
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r for r in records if "lr" in r][-1]["lr"] == pytest.approx(0.0, abs=1e-12)
     tc = tiny(corpus, out, **over).train
-    assert learning_rate(60, tc, 32, total_steps=60) == pytest.approx(0.0, abs=1e-12)
-    assert learning_rate(35, tc, 32, total_steps=60) == pytest.approx(5e-4)
+    plan = BudgetPlan(total=60, fit_step=0, warmup_end=6)  # warmup: 10% of the total
+    assert learning_rate(6, tc, 32, plan) == pytest.approx(1e-3)
+    assert learning_rate(33, tc, 32, plan) == pytest.approx(5e-4)
+    assert learning_rate(60, tc, 32, plan) == pytest.approx(0.0, abs=1e-12)
     averaged = load_model_dir(out / "averaged")  # a model directory, with its tokenizer
     assert Tokenizer.load(out / "averaged").vocab_size == averaged.cfg.vocab_size
     ckpts = [load_tensors(out / "checkpoints" / f"step_{s:08d}" / "model.safetensors")
@@ -490,11 +596,98 @@ def test_budget_schedule_is_fitted_to_max_minutes(corpus, tok, tmp_path):
             "train.max_minutes": 0.05, "train.max_steps": 10**6, "train.valid_every": 10,
             "train.average_last": 2}  # fmt: skip
     result = train(tiny(corpus, out, **over), tokenizer=tok, progress=False)
-    total = json.loads((list_checkpoints(out)[-1] / "train_state.json").read_text())["total_steps"]
-    assert 15 <= total < 10**6  # measured over steps 5-15 (valid_every), then fitted to 3 s
+    state = json.loads((list_checkpoints(out)[-1] / "train_state.json").read_text())
+    total = state["total_steps"]
+    # measured from step 1 over 10 steps (or 0.3 s on a slow machine), then fitted to 3 s
+    assert 1 <= state["fit_step"] <= 11 and state["fit_step"] < total < 10**6
     assert result.stopped in ("total_steps", "max_minutes")  # a busy machine may overrun
     if result.stopped == "total_steps":
         assert result.step == total and (out / "averaged" / "model.safetensors").is_file()
+
+
+def test_a_budget_shorter_than_the_warmup_still_decays_to_its_end_and_averages(
+    corpus, tok, tmp_path
+):
+    """6 seconds with warmup_steps = 1000, far more steps than the budget holds: the speed is
+    measured from the first steps, the warmup shrinks to 10% of the fitted total, and the run
+    decays to 0 at its end and writes averaged/ from checkpoints planned after the fit."""
+    out = tmp_path / "run"
+    over = {"train.lr_schedule": "cosine_budget", "train.lr": 1e-3, "train.warmup_steps": 1000,
+            "train.max_minutes": 0.1, "train.max_steps": 10**6, "train.valid_every": 1000,
+            "train.save_every": 1000, "train.average_last": 3}  # fmt: skip
+    result = train(tiny(corpus, out, **over), tokenizer=tok, progress=False)
+    state = json.loads((list_checkpoints(out)[-1] / "train_state.json").read_text())
+    total, fit_step, warmup_end = state["total_steps"], state["fit_step"], state["warmup_end"]
+    # A busy machine may overrun the 5% margin by a few steps; the averaging still happens.
+    assert result.stopped in ("total_steps", "max_minutes") and result.step > 0.8 * total
+    # warmup: a tenth of the fitted total (or, if measuring outlasted that, a tenth of the
+    # rest after the fit); a re-fit may have moved the total a little since
+    assert fit_step < warmup_end <= 0.25 * total and warmup_end < 1000
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["lr"] for r in records if "lr" in r]
+    assert max(rates) == pytest.approx(1e-3, rel=0.2)  # the peak is reached ...
+    assert rates[-1] < 0.1 * max(rates)  # ... and the rate decays to ~0 at the end
+    planned = [int(c.name[5:]) for c in list_checkpoints(out)]
+    assert len(planned) >= 2 and planned[0] > fit_step
+    if result.stopped == "total_steps":
+        assert len(planned) == 3 and planned[-1] == total
+    load_model_dir(out / "averaged")
+
+
+def test_a_run_slower_than_its_measured_speed_refits_its_end_and_still_averages(
+    corpus, tok, tmp_path, caplog
+):
+    """The speed is measured over the first 20 steps, before any validation; then a costly
+    validation (BLEU over 40 greedy translations) every 25 steps slows the run down. The total
+    is re-fitted (the log says so, the plan in train_state.json records it) and the run still
+    ends on its schedule, with averaged/."""
+    import logging
+
+    out = tmp_path / "run"
+    over = {"train.lr_schedule": "cosine_budget", "train.lr": 1e-3, "train.warmup_steps": 1000,
+            "train.max_minutes": 0.1, "train.max_steps": 10**6, "train.valid_every": 25,
+            "train.bleu_samples": 40, "train.save_every": 1000,
+            "train.average_last": 3}  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="aiayn.train"):
+        result = train(tiny(corpus, out, **over), tokenizer=tok, progress=False)
+    refits = [r.getMessage() for r in caplog.records if "now ends at step" in r.getMessage()]
+    state = json.loads((list_checkpoints(out)[-1] / "train_state.json").read_text())
+    assert refits and state["refit_step"] > state["fit_step"] and 0 < state["refit_progress"] < 1
+    assert result.stopped == "total_steps" and result.step == state["total_steps"]
+    load_model_dir(out / "averaged")
+
+
+def test_a_budget_run_chooses_alpha_on_validation_for_its_averaged_model(
+    corpus, tok, tmp_path, capsys
+):
+    """At the end of a cosine_budget run the averaged model's [decode] alpha is the best of
+    ALPHA_GRID on validation, found by the same sweep as `evaluate --alphas` (same BLEUs), and
+    saved where translate reads its defaults; the run directory's own model keeps its alpha."""
+    from aiayn.cli import main
+    from aiayn.train import ALPHA_GRID
+    from aiayn.translate import saved_decode_config
+
+    out = tmp_path / "run"
+    over = {"train.lr_schedule": "cosine_budget", "train.lr": 3e-3, "train.warmup_steps": 10,
+            "train.max_steps": 60, "train.valid_every": 1000, "train.average_last": 2,
+            "decode.beam_size": 2}  # fmt: skip
+    train(tiny(corpus, out, **over), tokenizer=tok, progress=False)
+    saved = json.loads((out / "averaged" / "run_config.json").read_text())
+    choice = saved["alpha_choice"]
+    assert choice["sentences"] == 40 and choice["beam_size"] == 2  # the whole validation set
+    rows = choice["rows"]
+    assert [r["alpha"] for r in rows] == list(ALPHA_GRID)
+    best = max(rows, key=lambda r: r["bleu"])  # the first of equal scores, as sweep_alpha
+    assert [r["best"] for r in rows].count(True) == 1 and best["best"]
+    assert saved["decode"]["alpha"] == best["alpha"] == saved_decode_config(out / "averaged").alpha
+    assert saved_decode_config(out).alpha == 0.6  # the run's own [decode] is untouched
+    capsys.readouterr()
+    args = ["evaluate", "--model", str(out / "averaged"), "--src", corpus["train.valid_src"],
+            "--ref", corpus["train.valid_tgt"], "--beam", "2", "--json",
+            "--alphas", ",".join(str(a) for a in ALPHA_GRID)]  # fmt: skip
+    assert main(args) == 0
+    swept = json.loads(capsys.readouterr().out)
+    assert [(r["alpha"], r["bleu"]) for r in swept] == [(r["alpha"], r["bleu"]) for r in rows]
 
 
 @pytest.mark.parametrize(

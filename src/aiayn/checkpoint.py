@@ -38,6 +38,7 @@ from aiayn.config import (
     read_run_config,
     to_dict,
 )
+from aiayn.data import HELDOUT_FILES
 from aiayn.distributed import Dist
 from aiayn.errors import CheckpointError, ConfigError, DataError
 from aiayn.model import _ModelBase
@@ -463,9 +464,14 @@ class TrainState:
     bad_validations: int = 0  # validations in a row without improvement (early stopping)
     tokens: int = 0  # target tokens trained on
     elapsed_s: float = 0.0
-    # lr_schedule = "cosine_budget": the step the schedule ends at, fixed once (0 = not yet),
-    # so that a resume follows the same schedule
+    # lr_schedule = "cosine_budget": its fitted schedule (aiayn.train.BudgetPlan), so that a
+    # resume follows it: the step it ends at (0 = not fitted yet), the step it was fitted at,
+    # where its warmup ends (0 in checkpoints from before it was recorded), and the last re-fit
     total_steps: int = 0
+    fit_step: int = 0
+    warmup_end: int = 0
+    refit_step: int = 0
+    refit_progress: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "python_random": _jsonable(random.getstate())}
@@ -507,7 +513,7 @@ def restore_rng(tensors: dict[str, Tensor], device: torch.device) -> None:
 # --- the run directory ----------------------------------------------------------------------------
 
 AVERAGED_DIR = "averaged"  # the averaged model a cosine_budget run writes at its end
-_OWN_FILES = {*TOKENIZER_FILES, RUN_CONFIG_FILE, METRICS_FILE, CHECKPOINTS_DIR}
+_OWN_FILES = {*TOKENIZER_FILES, *HELDOUT_FILES, RUN_CONFIG_FILE, METRICS_FILE, CHECKPOINTS_DIR}
 
 
 def find_resume(out: Path) -> Path | None:

@@ -72,8 +72,12 @@ def _run_info(args: argparse.Namespace) -> int:
 
 
 def _add_data(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("data", help="make corpora (`data synth`: the built-in corpus)")
+    p = sub.add_parser(
+        "data",
+        help="make corpora (`data synth`: the built-in corpus) and check them (`data check`)",
+    )
     data_sub = p.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
+    _add_data_check(data_sub)
     s = data_sub.add_parser(
         "synth",
         help="numbers or dates in words, as line-aligned parallel files (docs/synthetic.md)",
@@ -92,6 +96,9 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
 def _run_data(args: argparse.Namespace) -> int:
     from aiayn.synthetic import write_corpus
 
+    if args.data_command == "check":
+        return _run_data_check(args)
+
     written = write_corpus(
         args.out,
         args.task,
@@ -105,6 +112,60 @@ def _run_data(args: argparse.Namespace) -> int:
     )
     for split, (src_path, tgt_path, n) in written.items():
         print(f"{split}: {n} pairs  {src_path}  {tgt_path}")
+    return 0
+
+
+def _add_data_check(data_sub: argparse._SubParsersAction) -> None:
+    c = data_sub.add_parser(
+        "check",
+        help="find what is wrong with a parallel corpus: duplicates, train/valid/test overlap, "
+        "misaligned lines, copies, empty, control characters, over-long lines, wrong script "
+        "(docs/data.md)",
+    )
+    c.add_argument("--src", type=Path, required=True, help="training source file, e.g. train.de")
+    c.add_argument("--tgt", type=Path, required=True, help="training target file, e.g. train.en")
+    for split in ("valid", "test"):
+        c.add_argument(f"--{split}-src", type=Path, help=f"{split} source: checked for overlap")
+        c.add_argument(f"--{split}-tgt", type=Path, help=f"{split} target")
+    c.add_argument("--max-chars", type=int, default=1000, help="a longer side is over-long "
+                   "(default 1000)")  # fmt: skip
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.add_argument("--write", type=Path, metavar="DIR", help="write the cleaned training pairs "
+                   "into DIR (new or empty), under the training files' names")  # fmt: skip
+
+
+def _run_data_check(args: argparse.Namespace) -> int:
+    from aiayn.data_check import check_corpus, write_clean
+
+    evals = {}
+    for split in ("valid", "test"):
+        es, et = getattr(args, f"{split}_src"), getattr(args, f"{split}_tgt")
+        if (es is None) != (et is None):
+            raise AiaynError(f"give both --{split}-src and --{split}-tgt, or neither")
+        if es is not None:
+            evals[split] = (es, et)
+    if args.max_chars < 1:
+        raise AiaynError(f"--max-chars must be at least 1, got {args.max_chars}")
+    if args.write is not None:  # refused before the corpus is read
+        from aiayn.atomic import check_new_dir
+
+        check_new_dir(args.write)
+    report = check_corpus(args.src, args.tgt, evals, max_chars=args.max_chars)
+    written = write_clean(report, args.write) if args.write is not None else None
+    if args.json:
+        print(json.dumps({**report.to_json(), **({"written": written} if written else {})}))
+        return 0
+    langs = report.languages
+    print(f"{report.pairs} training pairs ({langs['src'] or '?'} -> {langs['tgt'] or '?'}): "
+          f"{report.summary()}")  # fmt: skip
+    for kind, n in report.counts.items():
+        if n:
+            ex = report.examples[kind][0]
+            print(f"  {kind:16} {n:8d}   e.g. {ex['file']} line {ex['line']}: "
+                  f"{ex['src'][:60]!r} ||| {ex['tgt'][:60]!r}")  # fmt: skip
+    if written:
+        print(f"wrote {written['kept']} pairs ({written['dropped']} dropped) to "
+              f"{written['src']} and {written['tgt']}")  # fmt: skip
     return 0
 
 
@@ -264,13 +325,17 @@ def _parse_alphas(text: str) -> list[float]:
 
 def _run_alpha_sweep(args: argparse.Namespace) -> int:
     """`evaluate --alphas`: a table (or JSON list) of BLEU per α, and the best one."""
-    from aiayn.translate import sweep_alpha
+    from aiayn.errors import DataError
+    from aiayn.translate import read_file_lines, sweep_alpha
 
     alphas = _parse_alphas(args.alphas)  # checked before the model loads
     if args.alpha is not None or args.hyps is not None:
         raise AiaynError("--alphas chooses alpha itself: leave out --alpha and --hyps")
+    src, refs = read_file_lines(args.src), read_file_lines(args.ref)
+    if len(src) != len(refs):
+        raise DataError(f"{args.src} has {len(src)} lines but {args.ref} has {len(refs)}")
     translator, cfg = _decode_setup(args)
-    rows = sweep_alpha(translator, cfg, args.src, args.ref, alphas, batch_tokens=args.batch_tokens)
+    rows = sweep_alpha(translator, cfg, src, refs, alphas, batch_tokens=args.batch_tokens)
     if args.json:
         print(json.dumps(rows))
         return 0

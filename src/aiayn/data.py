@@ -44,6 +44,7 @@ class DataStats:
     """What reading and encoding kept and dropped, so that filtering is never silent."""
 
     read: int = 0
+    held_out: int = 0  # left out of training: held out for validation, or a held-out source
     empty: int = 0  # a side is empty (or whitespace only)
     too_long_chars: int = 0  # a side has more than MAX_LINE_CHARS characters
     too_long_tokens: int = 0  # a side has more than max_len tokens (with EOS)
@@ -60,10 +61,12 @@ class DataStats:
 
     @property
     def kept(self) -> int:
-        return self.read - self.dropped
+        return self.read - self.held_out - self.dropped
 
     def report(self, name: str) -> str:
         msg = f"{name}: read {self.read} pairs, kept {self.kept}"
+        if self.held_out:
+            msg += f"; {self.held_out} held out for validation (or sharing a held-out source)"
         if self.dropped:
             msg += (
                 f"; dropped {self.dropped} (empty side {self.empty}, over {MAX_LINE_CHARS} chars "
@@ -130,15 +133,25 @@ def _tsv(path: Path) -> Iterator[tuple[str, str]]:
 
 
 def read_parallel(
-    src: str | Path, tgt: str | Path | None = None, stats: DataStats | None = None
+    src: str | Path,
+    tgt: str | Path | None = None,
+    stats: DataStats | None = None,
+    heldout: Heldout | None = None,
 ) -> Iterator[tuple[str, str]]:
     """Stream (source, target) sentence pairs from two line-aligned files or one TSV.
 
     A pair with an empty side or a side over MAX_LINE_CHARS characters is dropped whole (the
     other side with it, so alignment holds) and counted in `stats`. Surrounding whitespace is
     stripped. Raises DataError for an empty file, different line counts or invalid UTF-8.
+    With `heldout` (see `hold_out`), its lines, and every pair with one of its sources, are
+    left out (counted as `held_out`).
     """
     stats = stats if stats is not None else DataStats()
+    return _filtered(raw_pairs(src, tgt), stats, heldout)
+
+
+def raw_pairs(src: str | Path, tgt: str | Path | None) -> Iterator[tuple[str, str]]:
+    """Every line pair as read (nothing stripped or dropped); files checked at the call."""
     src = Path(src)
     paths = [src] if not tgt else [src, Path(tgt)]
     for p in paths:
@@ -146,20 +159,62 @@ def read_parallel(
             raise DataError(f"corpus file not found: {p}")
         if p.stat().st_size == 0:
             raise DataError(f"corpus file is empty: {p}")
-    pairs = _tsv(src) if not tgt else _aligned(src, Path(tgt))
-    return _filtered(pairs, stats)
+    return _tsv(src) if not tgt else _aligned(src, Path(tgt))
 
 
-def _filtered(pairs: Iterator[tuple[str, str]], stats: DataStats) -> Iterator[tuple[str, str]]:
+def _filtered(
+    pairs: Iterator[tuple[str, str]], stats: DataStats, heldout: Heldout | None = None
+) -> Iterator[tuple[str, str]]:
     for line_no, (s, t) in enumerate(pairs, 1):
         stats.read += 1
         s, t = s.strip(), t.strip()
-        if not s or not t:
+        if heldout is not None and (line_no - 1 in heldout.lines or s in heldout.sources):
+            stats.held_out += 1
+        elif not s or not t:
             stats.drop("empty", f"line {line_no}")
         elif len(s) > MAX_LINE_CHARS or len(t) > MAX_LINE_CHARS:
             stats.drop("too_long_chars", f"line {line_no}")
         else:
             yield s, t
+
+
+# --- a validation set held out of the training corpus -------------------------------------
+
+HELDOUT_FILES = ("heldout_valid.src", "heldout_valid.tgt")  # written into the run directory
+HELDOUT_MAX = 2000  # pairs: enough for a stable loss and BLEU, cheap to validate on a CPU
+HELDOUT_SHARE = 0.05  # at most this share of the corpus, so small corpora keep 95% to learn
+
+
+@dataclass(frozen=True)
+class Heldout:
+    """Validation pairs drawn from the training corpus, and what training must then leave out."""
+
+    pairs: list[tuple[str, str]]  # stripped, usable (no empty or over-long side), one per source
+    lines: frozenset[int]  # 0-based corpus lines drawn (a drawn line that was unusable too)
+    sources: frozenset[str]  # training pairs with one of these sources are left out as well
+    corpus_lines: int
+
+
+def hold_out(src: str | Path, tgt: str | Path | None, seed: int) -> Heldout:
+    """Draw min(HELDOUT_MAX, HELDOUT_SHARE of the lines) corpus lines as a validation set.
+
+    The draw is a pure function of (line count, seed), so every rank and every resumed session
+    holds out the same pairs. Two streaming passes: one counts lines, one keeps the drawn ones.
+    The pairs are deduplicated by source, and training leaves out every pair whose source is a
+    held-out one (`read_parallel(..., heldout=...)`), so no validation source is trained on.
+    """
+    n = _count_lines(Path(src)) if Path(src).is_file() else 0  # a missing file: raised below
+    k = min(HELDOUT_MAX, int(HELDOUT_SHARE * n))
+    drawn = frozenset(random.Random(seed).sample(range(n), k))
+    pairs: list[tuple[str, str]] = []
+    sources: set[str] = set()
+    for i, (s, t) in enumerate(raw_pairs(src, tgt)):
+        s, t = s.strip(), t.strip()
+        usable = s and t and len(s) <= MAX_LINE_CHARS and len(t) <= MAX_LINE_CHARS
+        if i in drawn and usable and s not in sources:
+            pairs.append((s, t))
+            sources.add(s)
+    return Heldout(pairs, drawn, frozenset(sources), n)
 
 
 @dataclass(frozen=True)
@@ -320,27 +375,40 @@ class RunData:
     train: list[Example]
     valid: list[Example]
     valid_refs: list[str]  # target text of the validation pairs, for BLEU
+    valid_srcs: list[str] = field(default_factory=list)  # their source text (choosing alpha)
+    held_out: int = 0  # training pairs left out for (or because of) a held-out validation set
 
 
-def load_data(tc: TrainConfig, tok: Tokenizer, d: Dist) -> RunData:
-    """Read, check and encode the training and validation corpora; report what was dropped."""
+def load_data(tc: TrainConfig, tok: Tokenizer, d: Dist, heldout: Heldout | None = None) -> RunData:
+    """Read, check and encode the training and validation corpora; report what was dropped.
+
+    With `heldout` (no validation files: see `hold_out`), its pairs are the validation set and
+    training leaves them, and every pair sharing a source with them, out.
+    """
     if not tc.src:
         raise ConfigError("train.src is empty: give a training corpus (two files or a TSV)")
     stats = DataStats()
-    train = encode_pairs(read_parallel(tc.src, tc.tgt or None, stats), tok, tc.max_len, stats)
+    pairs_in = read_parallel(tc.src, tc.tgt or None, stats, heldout)
+    train = encode_pairs(pairs_in, tok, tc.max_len, stats)
     _report(stats, "train", d)
     valid: list[Example] = []
     refs: list[str] = []
-    if tc.valid_src:
+    srcs: list[str] = []
+    if tc.valid_src or heldout is not None:
         vstats = DataStats()
-        pairs = list(read_parallel(tc.valid_src, tc.valid_tgt or None, vstats))
+        if tc.valid_src:
+            pairs = list(read_parallel(tc.valid_src, tc.valid_tgt or None, vstats))
+        else:
+            pairs = heldout.pairs if heldout else []
+            vstats.read = len(pairs)
         kept: list[int] = []
         valid = encode_pairs(pairs, tok, tc.max_len, vstats, kept=kept)
         refs = [pairs[i][1] for i in kept]
-        _report(vstats, "valid", d)
+        srcs = [pairs[i][0] for i in kept]
+        _report(vstats, "valid" if tc.valid_src else "valid (held out of train)", d)
     if not train:
         raise ConfigError(f"no training pairs left after filtering {tc.src}")
-    return RunData(train, valid, refs)
+    return RunData(train, valid, refs, srcs, stats.held_out)
 
 
 def _report(stats: DataStats, name: str, d: Dist) -> None:

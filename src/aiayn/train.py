@@ -32,6 +32,7 @@ from torch import Tensor
 
 from aiayn import checkpoint as ckpt_io
 from aiayn import metrics
+from aiayn.atomic import atomic_write_text
 from aiayn.checkpoint import (
     AVERAGED_DIR,
     METRICS_FILE,
@@ -44,12 +45,15 @@ from aiayn.checkpoint import (
 )
 from aiayn.config import RUN_CONFIG_FILE, Config, TrainConfig, to_dict
 from aiayn.data import (
+    HELDOUT_FILES,
     Batch,
     Example,
+    Heldout,
     RunData,
     StepLoader,
     batch_plan,
     collate,
+    hold_out,
     load_data,
     read_parallel,
 )
@@ -111,12 +115,59 @@ def cosine_lr(step: int, warmup: int, total: int, peak: float, floor: float = 0.
     return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
 
 
-def learning_rate(step: int, tc: TrainConfig, d_model: int, total_steps: int = 0) -> float:
-    """The rate for optimizer step `step` under `tc.lr_schedule`.
+@dataclass(frozen=True)
+class BudgetPlan:
+    """cosine_budget's fitted schedule (kept in TrainState, so a resume follows it)."""
 
-    `total_steps` is cosine_budget's fitted end (TrainState.total_steps); while it is still
-    0 (being measured, just after warmup) the rate stays at the peak, where the cosine is flat.
+    total: int = 0  # the step the rate reaches 0 (0 = not fitted yet)
+    fit_step: int = 0  # the step it was fitted at
+    warmup_end: int = 0  # the fitted warmup's last step (0: from before it was recorded)
+    refit_step: int = 0  # the last step the total was re-fitted at (0 = never) ...
+    refit_progress: float = 0.0  # ... and the cosine's progress there, kept on re-fitting
+
+    def progress(self, step: int, start: int) -> float:
+        """How far along the cosine (0 at `start`, 1 at `total`) step `step` is. From a
+        re-fit on, the rest of the way is spread evenly over the steps to the new total, so
+        the rate goes on from where it was, never jumping (steps before it are past: the
+        plan no longer gives their rates)."""
+        if self.refit_step > start and step >= self.refit_step:
+            rest = (step - self.refit_step) / max(self.total - self.refit_step, 1)
+            return min(1.0, self.refit_progress + (1.0 - self.refit_progress) * rest)
+        return min(1.0, max(0.0, (step - start) / max(self.total - start, 1)))
+
+
+def budget_lr(step: int, peak: float, warmup: int, plan: BudgetPlan) -> float:
+    """cosine_budget's rate: warmup, then half a cosine from `peak` to 0 at `plan.total`.
+
+    Until the total is fitted (total = 0), and up to `fit_step`, the rate warms up linearly
+    at the configured slope, peak / warmup. From there it goes on linearly to `peak` at
+    `warmup_end` (the fitted warmup, often shorter), then follows the cosine. `fit_warmup_end`
+    puts `warmup_end` after `fit_step`; were it not, the cosine would start at once from the
+    rate reached: the rate never jumps. `warmup_end = 0` with a total is a checkpoint from
+    before it was recorded, whose warmup was the configured one.
     """
+    step = max(step, 1)
+    if plan.total <= 0 or step <= plan.fit_step:
+        return peak * min(1.0, step / max(warmup, 1))
+    reached = peak * min(1.0, plan.fit_step / max(warmup, 1))
+    warmup_end = plan.warmup_end or warmup
+    if step <= warmup_end:
+        rise = (step - plan.fit_step) / max(warmup_end - plan.fit_step, 1)
+        return reached + (peak - reached) * rise
+    top, start = (peak, warmup_end) if warmup_end > plan.fit_step else (reached, plan.fit_step)
+    return 0.5 * top * (1.0 + math.cos(math.pi * plan.progress(step, start)))
+
+
+def cosine_start(plan: BudgetPlan, warmup: int) -> int:
+    """The step cosine_budget's cosine starts from (see `budget_lr`)."""
+    return max(plan.warmup_end or warmup, plan.fit_step)
+
+
+def learning_rate(
+    step: int, tc: TrainConfig, d_model: int, plan: BudgetPlan | None = None
+) -> float:
+    """The rate for optimizer step `step` under `tc.lr_schedule`; `plan` is cosine_budget's
+    fitted schedule (TrainState's; while its total is 0 the rate is still warming up)."""
     if tc.lr_schedule == "noam":
         return noam_lr(step, d_model, tc.warmup_steps, tc.lr)
     if tc.lr_schedule == "inverse_sqrt":
@@ -124,7 +175,7 @@ def learning_rate(step: int, tc: TrainConfig, d_model: int, total_steps: int = 0
     if tc.lr_schedule == "cosine":
         return cosine_lr(step, tc.warmup_steps, tc.max_steps, tc.lr)
     if tc.lr_schedule == "cosine_budget":
-        return cosine_lr(step, tc.warmup_steps, total_steps or 2**62, tc.lr)
+        return budget_lr(step, tc.lr, tc.warmup_steps, plan or BudgetPlan())
     return tc.lr
 
 
@@ -133,7 +184,16 @@ def learning_rate(step: int, tc: TrainConfig, d_model: int, total_steps: int = 0
 # Of the time left when the speed is measured, the share planned for: validations and saves
 # that fell outside the measuring window, and a slower machine later on, fit in the rest.
 BUDGET_MARGIN = 0.95
-FIT_MIN_STEPS = 20  # the shortest measuring window, in steps
+FIT_MIN_STEPS = 10  # the shortest measuring window, in steps (re-fits correct its noise)
+# The window ends after this share of the budget (or valid_every steps, if that comes first):
+# well inside the fitted warmup, so the fit never waits for a warmup the budget cannot afford.
+FIT_SHARE = 0.05
+WARMUP_SHARE = 0.1  # the fitted warmup is at most this share of the fitted total
+# Every this share of the fitted run, the speed since the last re-fit (or the fit) re-fits
+# the total (a machine that slows down, other work on it), if it moved by more than
+# REFIT_TOLERANCE: step times vary by a few percent with the batches' lengths.
+REFIT_SHARE = 0.05
+REFIT_TOLERANCE = 0.02
 AVERAGE_SPAN = 0.2  # averaged checkpoints are spread over the last 20% of the schedule
 
 
@@ -156,14 +216,29 @@ def fit_total_steps(
     return max(step, min(total, max_steps))
 
 
-def average_steps(total_steps: int, n: int) -> list[int]:
+def fit_warmup_end(total_steps: int, warmup: int, fit_step: int = 0) -> int:
+    """The fitted warmup's last step: the configured warmup, but at most WARMUP_SHARE of
+    `total_steps` (a 5-minute budget must not spend itself warming up). If measuring the speed
+    took the run past that (a slow machine, a short budget), the rate goes on rising from
+    `fit_step` to the peak over WARMUP_SHARE of the steps left."""
+    end = min(warmup, int(WARMUP_SHARE * total_steps))
+    if end > fit_step:
+        return end
+    return min(total_steps, fit_step + max(1, int(WARMUP_SHARE * (total_steps - fit_step))))
+
+
+def average_steps(total_steps: int, n: int, after: int = 0) -> list[int]:
     """The `n` evenly spaced steps, ending at `total_steps`, whose checkpoints are averaged.
 
     They span the last AVERAGE_SPAN of the schedule, where the rate is low and the weights
     move little, so their mean is a smoother model (§6.1 averages the last 5 checkpoints).
+    All lie after step `after` (where the total was fitted: earlier steps are past), closer
+    together when the span would reach back before it.
     """
     gap = max(1, int(AVERAGE_SPAN * total_steps) // max(n, 1))
-    return [s for s in (total_steps - i * gap for i in reversed(range(n))) if s >= 1]
+    if total_steps - (n - 1) * gap <= after:
+        gap = max(1, (total_steps - after - 1) // max(n - 1, 1))
+    return [s for s in (total_steps - i * gap for i in reversed(range(n))) if s > max(after, 0)]
 
 
 # --- validation -----------------------------------------------------------------------------------
@@ -261,9 +336,15 @@ def train_step(
 
 
 def prepare_tokenizer(
-    cfg: Config, out: Path, resume: Path | None, given: Tokenizer | None, d: Dist
+    cfg: Config,
+    out: Path,
+    resume: Path | None,
+    given: Tokenizer | None,
+    d: Dist,
+    heldout: Heldout | None = None,
 ) -> Tokenizer:
-    """The run's tokenizer: reloaded on resume, else given or trained on the training text."""
+    """The run's tokenizer: reloaded on resume, else given or trained on the training text
+    (without the pairs `heldout` leaves out of training)."""
     if resume is not None:
         return Tokenizer.load(out)
     if d.main:
@@ -272,7 +353,8 @@ def prepare_tokenizer(
             tc = cfg.train
             if not tc.src:
                 raise ConfigError("train.src is empty: give a training corpus (two files or a TSV)")
-            texts = (side for pair in read_parallel(tc.src, tc.tgt or None) for side in pair)
+            pairs = read_parallel(tc.src, tc.tgt or None, heldout=heldout)
+            texts = (side for pair in pairs for side in pair)
             log.info(
                 "training a %d-piece %s tokenizer on %s", tc.vocab_size, tc.spm_model_type, tc.src
             )
@@ -320,7 +402,9 @@ class _Run:
         self.last_loss = float("nan")
         self.last_saved = state.step
         self.last_validated = state.step
+        self.first_step = state.step  # where this session started (a resume, or 0)
         self.fit_mark: tuple[int, float] | None = None  # (step, elapsed) where speed is measured
+        self.refit_mark: tuple[int, float] | None = None  # the same, for re-fitting the total
 
     def elapsed(self) -> float:
         return self.elapsed0 + time.monotonic() - self.t_start
@@ -409,9 +493,16 @@ class _Run:
 
     def planned_averages(self) -> list[int]:
         """The steps whose checkpoints are averaged at the end; [] before the total is fixed."""
-        if self.tc.average_last < 1 or self.state.total_steps < 1:
+        st = self.state
+        if self.tc.average_last < 1 or st.total_steps < 1:
             return []
-        return average_steps(self.state.total_steps, self.tc.average_last)
+        after = max(st.fit_step, st.refit_step)  # planned when the total was last fixed
+        return average_steps(st.total_steps, self.tc.average_last, after=after)
+
+    def plan(self) -> BudgetPlan:
+        st = self.state
+        return BudgetPlan(st.total_steps, st.fit_step, st.warmup_end, st.refit_step,
+                          st.refit_progress)  # fmt: skip
 
     def save_due(self) -> bool:
         """A checkpoint every `save_every` steps, but only the averaged ones once their span
@@ -484,7 +575,7 @@ def train(cfg: Config, *, tokenizer: Tokenizer | None = None, progress: bool = T
 def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainResult:
     run, net = _prepare(cfg, tokenizer)
     stopped = _loop(run, net, progress)
-    _finish(run, stopped)
+    _finish(run, stopped, progress)
     return TrainResult(run.out, run.state.step, stopped, run.last_loss, run.state.best)
 
 
@@ -519,7 +610,8 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.M
     if tc.init_from:  # continued training: the architecture and vocabulary are the model's
         cfg = dataclasses.replace(cfg, model=ckpt_io.load_model_config(tc.init_from))
         tokenizer = Tokenizer.load(tc.init_from)
-    tok = prepare_tokenizer(cfg, out, resume, tokenizer, d)
+    heldout = _hold_out(tc, out, d) if tc.src and not tc.valid_src else None
+    tok = prepare_tokenizer(cfg, out, resume, tokenizer, d, heldout)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(  # the vocabulary's size and ids
         cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id,
         eos_id=tok.eos_id))  # fmt: skip
@@ -528,7 +620,9 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.M
     fingerprint = data_fingerprint(tc)
     if resume is not None:
         check_resumable(out, cfg, fingerprint)
-    data = load_data(tc, tok, d)
+    data = load_data(tc, tok, d, heldout)
+    if d.main and resume is None:  # once per run: a resume has the same data (data_sha256)
+        _log_data_check(tc)
     torch.manual_seed(tc.seed)  # seeds the GPU's generator too
     random.seed(tc.seed)
     precision.apply()
@@ -554,6 +648,12 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.M
             "data_sha256": fingerprint,
             "runtime": {**precision.to_json(), "world_size": d.world},
         }
+        if heldout is not None:
+            run_config["heldout_valid"] = {
+                "src": HELDOUT_FILES[0], "tgt": HELDOUT_FILES[1], "pairs": len(heldout.pairs),
+                "corpus_lines": heldout.corpus_lines, "drawn": len(heldout.lines),
+                "seed": tc.seed, "left_out_of_training": data.held_out,
+            }  # fmt: skip
         ckpt_io.atomic_write_json(out / RUN_CONFIG_FILE, run_config)
     model.train()
     net: torch.nn.Module = model
@@ -566,6 +666,46 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.M
     if tc.compile:
         net = torch.compile(net)  # type: ignore[assignment]
     return _Run(cfg, tok, data, model, opt, state, d, out, precision), net
+
+
+def _log_data_check(tc: TrainConfig) -> None:
+    """Say what `aiayn data check` finds in the corpus (counts only: one streaming pass)."""
+    from aiayn.data_check import check_corpus
+
+    t0 = time.monotonic()
+    evals: dict[str, tuple[str | Path, str | Path | None]] = {}
+    if tc.valid_src:
+        evals["valid"] = (tc.valid_src, tc.valid_tgt or None)
+    report = check_corpus(tc.src, tc.tgt or None, evals, examples=False)
+    if any(report.counts.values()):
+        flags = f"--src {tc.src}" + (f" --tgt {tc.tgt}" if tc.tgt else "")
+        if tc.valid_src:
+            flags += f" --valid-src {tc.valid_src} --valid-tgt {tc.valid_tgt}"
+        log.warning("data check: %s (%.1f s); `aiayn data check %s` shows examples and can "
+                    "write a cleaned corpus (docs/data.md)", report.summary(),
+                    time.monotonic() - t0, flags)  # fmt: skip
+    else:
+        log.info("data check: nothing found (%.1f s)", time.monotonic() - t0)
+
+
+def _hold_out(tc: TrainConfig, out: Path, d: Dist) -> Heldout | None:
+    """No validation files: hold a validation set out of the training corpus (`data.hold_out`)
+    and write it into the run directory (rank 0), so that `aiayn evaluate` can use it too."""
+    heldout = hold_out(tc.src, tc.tgt or None, tc.seed)
+    if not heldout.pairs:
+        if d.main:
+            log.warning("no validation files, and %d lines are too few to hold 5%% out: "
+                        "training without validation", heldout.corpus_lines)  # fmt: skip
+        return None
+    if d.main:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, side in zip(HELDOUT_FILES, (0, 1), strict=True):
+            atomic_write_text(out / name, "".join(pair[side] + "\n" for pair in heldout.pairs))
+        log.info(
+            "no validation files: held out %d of %d training pairs (seed %d) as %s and %s in %s",
+            len(heldout.pairs), heldout.corpus_lines, tc.seed, *HELDOUT_FILES, out,
+        )  # fmt: skip
+    return heldout
 
 
 def _loop(run: _Run, net: torch.nn.Module, progress: bool) -> str:
@@ -584,10 +724,12 @@ def _loop(run: _Run, net: torch.nn.Module, progress: bool) -> str:
     )
     with stop_on_signals() as flag, bar, logging_redirect_tqdm():
         while (stopped := run.should_stop(flag)) is None:
-            if tc.lr_schedule == "cosine_budget" and state.total_steps == 0 and _fit_budget(run):
+            if tc.lr_schedule == "cosine_budget" and (
+                _fit_budget(run) if state.total_steps == 0 else _refit_budget(run)
+            ):
                 bar.total = state.total_steps
                 bar.refresh()
-            lr = learning_rate(state.step + 1, tc, run.cfg.model.d_model, state.total_steps)
+            lr = learning_rate(state.step + 1, tc, run.cfg.model.d_model, run.plan())
             epoch = state.epoch
             if d.world > 1:  # each rank its own dropout masks, a pure function of (rank, step),
                 # so a multi-rank resume is exact without gathering every rank's RNG state
@@ -619,34 +761,95 @@ def _loop(run: _Run, net: torch.nn.Module, progress: bool) -> str:
 
 
 def _fit_budget(run: _Run) -> bool:
-    """Fix cosine_budget's end once (True when it was fixed now): max_steps without a time
-    budget, else the step where the speed measured after warmup uses up max_minutes.
+    """Fix cosine_budget's plan once (True when it was fixed now): the total, max_steps
+    without a time budget, else the step where the measured speed uses up max_minutes; and
+    the warmup, at most WARMUP_SHARE of that total.
 
-    The window runs from warmup's end (or a resumed session's first step: the first steps
-    are slow) for valid_every steps, so one validation's cost is in the speed, or until a
-    tenth of the budget has passed. Rank 0's figures decide for every rank.
+    The speed is measured from the session's second step (the first pays one-off costs) while
+    the rate warms up, over valid_every steps, so one validation's cost is in it, or over
+    FIT_SHARE of the budget if that comes first (at least FIT_MIN_STEPS steps, unless twice
+    that share has passed). Rank 0's figures decide for every rank.
     """
     tc, st, d = run.tc, run.state, run.d
     if tc.max_minutes <= 0:
-        st.total_steps = tc.max_steps
+        _fix_plan(run, tc.max_steps)
         return True
-    if st.step < tc.warmup_steps:
+    if st.step <= run.first_step:
         return False
     if run.fit_mark is None:
         run.fit_mark = (st.step, run.elapsed())
         return False
     steps, seconds = st.step - run.fit_mark[0], run.elapsed() - run.fit_mark[1]
     budget_s = 60 * tc.max_minutes
-    due = steps >= max(FIT_MIN_STEPS, tc.valid_every) or seconds >= 0.1 * budget_s
+    due = (steps >= FIT_MIN_STEPS and (steps >= tc.valid_every or seconds >= FIT_SHARE * budget_s)
+           ) or (steps >= 1 and seconds >= 2 * FIT_SHARE * budget_s)  # fmt: skip
     mine = [float(due), steps / max(seconds, 1e-9), run.elapsed()] if d.main else [0.0] * 3
     any_due, rate, elapsed = all_sum(mine, d)
     if not any_due:
         return False
-    st.total_steps = fit_total_steps(st.step, rate, elapsed, budget_s, tc.max_steps)
+    _fix_plan(run, fit_total_steps(st.step, rate, elapsed, budget_s, tc.max_steps))
     if d.main:
         log.info(
-            "%.3g steps/s over steps %d-%d: the schedule ends at step %d (%.1f of %.1f minutes)",
-            rate, run.fit_mark[0], st.step, st.total_steps, elapsed / 60, tc.max_minutes,
+            "%.3g steps/s over steps %d-%d: warmup to step %d, the schedule ends at step %d "
+            "(%.1f of %.1f minutes used); averaging the checkpoints of steps %s",
+            rate, run.fit_mark[0], st.step, st.warmup_end, st.total_steps, elapsed / 60,
+            tc.max_minutes, run.planned_averages() or "none",
+        )  # fmt: skip
+    return True
+
+
+def _fix_plan(run: _Run, total: int) -> None:
+    """Record the fitted schedule in the state (it is saved with every checkpoint)."""
+    st = run.state
+    st.total_steps, st.fit_step = total, st.step
+    st.warmup_end = fit_warmup_end(total, run.tc.warmup_steps, st.step)
+    run.refit_mark = (st.step, run.elapsed())
+
+
+def _refit_budget(run: _Run) -> bool:
+    """Move cosine_budget's end when the machine turns out slower or faster than measured
+    (True when it moved). Every REFIT_SHARE of the fitted run, in the cosine and before the
+    averaged checkpoints' span, the speed since the last move (or the fit) re-fits the total;
+    a change over REFIT_TOLERANCE is applied, the cosine going on from its current rate
+    (`BudgetPlan.progress`), so nothing jumps. Measuring since the last move, not over the
+    last window only, averages out the step-to-step noise (batches of other lengths) and
+    still catches a lasting slowdown.
+
+    The checks fall on the same steps on every rank; rank 0's figures decide.
+    """
+    tc, st, d = run.tc, run.state, run.d
+    if tc.max_minutes <= 0:
+        return False
+    if run.refit_mark is None:  # a resumed session: measure from its second step
+        if st.step > run.first_step:
+            run.refit_mark = (st.step, run.elapsed())
+        return False
+    every = max(FIT_MIN_STEPS, int(REFIT_SHARE * (st.total_steps - st.fit_step)))
+    planned = run.planned_averages()
+    start = cosine_start(run.plan(), tc.warmup_steps)
+    mark_step, mark_s = run.refit_mark
+    if (
+        st.step - mark_step < every
+        or (st.step - st.fit_step) % every
+        or st.step <= start
+        or (planned and st.step >= planned[0])
+    ):
+        return False
+    seconds = run.elapsed() - mark_s
+    mine = [(st.step - mark_step) / max(seconds, 1e-9), run.elapsed()] if d.main else [0.0, 0.0]
+    rate, elapsed = all_sum(mine, d)
+    total = fit_total_steps(st.step, rate, elapsed, 60 * tc.max_minutes, tc.max_steps)
+    if abs(total - st.total_steps) <= REFIT_TOLERANCE * st.total_steps:
+        return False
+    progress = run.plan().progress(st.step, start)
+    old = st.total_steps
+    st.total_steps, st.refit_step, st.refit_progress = total, st.step, progress
+    run.refit_mark = (st.step, run.elapsed())
+    if d.main:
+        log.info(
+            "%.3g steps/s over steps %d-%d: the schedule now ends at step %d, not %d; "
+            "averaging the checkpoints of steps %s",
+            rate, mark_step, st.step, total, old, run.planned_averages() or "none",
         )  # fmt: skip
     return True
 
@@ -676,7 +879,7 @@ def _show(run: _Run, bar: Any, lr: float) -> None:
     )
 
 
-def _write_average(run: _Run) -> None:
+def _write_average(run: _Run) -> bool:
     """Average the planned checkpoints that exist into OUT_DIR/averaged (a model directory).
 
     Written beside it first and swapped in, so a rerun of a finished run replaces it whole.
@@ -688,7 +891,7 @@ def _write_average(run: _Run) -> None:
             "no averaged model: %d of the %d planned checkpoints exist (steps %s); the run "
             "stopped before its schedule's end", len(dirs), run.tc.average_last, planned,
         )  # fmt: skip
-        return
+        return False
     final, tmp = run.out / AVERAGED_DIR, run.out / f".tmp_{AVERAGED_DIR}"
     trash = run.out / f".trash_{AVERAGED_DIR}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -700,20 +903,65 @@ def _write_average(run: _Run) -> None:
     shutil.rmtree(trash, ignore_errors=True)
     steps = [int(c.name[5:]) for c in dirs]
     log.info("averaged the checkpoints of steps %s into %s", steps, final)
+    return True
 
 
-def _finish(run: _Run, stopped: str) -> None:
-    """Validate and save the final weights (they compete for "best" too); wait for all ranks."""
+# Length penalties tried on validation at the end of a cosine_budget run: the paper's 0.6 and
+# larger ones, which undertrained models' short beam outputs needed on Multi30k (issue 15).
+ALPHA_GRID = (0.6, 1.0, 1.4, 2.0)
+ALPHA_SENTENCES = 300  # validation sentences decoded per α: a bounded cost at a run's end
+
+
+def _choose_alpha(run: _Run, progress: bool) -> None:
+    """Choose the averaged model's length penalty on validation and save it as its [decode]
+    default (`run_config.json`, which `translate.saved_decode_config` reads), with the sweep.
+
+    The sweep is `evaluate --alphas`' own (translate.sweep_alpha), at the run's beam size and
+    in the precision `aiayn translate` would decode in, on the first ALPHA_SENTENCES pairs.
+    """
+    from aiayn.device import choose_precision
+    from aiayn.translate import Translator, sweep_alpha
+
+    dc, data = run.cfg.decode, run.data
+    if not data.valid_srcs or dc.beam_size < 2 or dc.sample:
+        log.info("alpha not chosen: it needs a validation set and beam search (decode.beam_size "
+                 ">= 2, not sampling); the averaged model keeps alpha %g", dc.alpha)  # fmt: skip
+        return
+    where = run.out / AVERAGED_DIR
+    model = ckpt_io.load_model_dir(where, run.d.device, expect=Transformer)
+    precision = choose_precision("auto", run.d.device, decoding=True)
+    translator = Translator(model, run.tok, dc, precision)
+    n = min(ALPHA_SENTENCES, len(data.valid_srcs))
+    rows = sweep_alpha(translator, dc, data.valid_srcs[:n], data.valid_refs[:n],
+                       list(ALPHA_GRID), progress=progress)  # fmt: skip
+    best = next(r for r in rows if r["best"])
+    path = where / RUN_CONFIG_FILE
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    saved["decode"] = {**saved.get("decode", {}), "alpha": best["alpha"]}
+    saved["alpha_choice"] = {"sentences": n, "beam_size": dc.beam_size, "rows": rows}
+    ckpt_io.atomic_write_json(path, saved)
+    log.info(
+        "alpha %g chosen for %s on %d validation sentences (beam %d): BLEU %s",
+        best["alpha"], where, n, dc.beam_size,
+        ", ".join(f"{r['alpha']:g}: {r['bleu']:.2f}" for r in rows),
+    )  # fmt: skip
+
+
+def _finish(run: _Run, stopped: str, progress: bool = False) -> None:
+    """Validate and save the final weights (they compete for "best" too), average and choose
+    alpha (cosine_budget with average_last); wait for all ranks."""
     state, out, d = run.state, run.out, run.d
+    t_finish = time.monotonic()
     if run.data.valid and stopped != "signal" and run.last_validated != state.step:
         run.validate()
     if run.last_saved != state.step or not ckpt_io.list_checkpoints(out):
         run.save()
     if d.main and not (out / ckpt_io.WEIGHTS_FILE).exists():  # stopped before any validation
         ckpt_io.save_model_dir(run.model, out)
-    if d.main and run.tc.average_last and stopped != "signal":
-        _write_average(run)
+    if d.main and run.tc.average_last and stopped != "signal" and _write_average(run):
+        _choose_alpha(run, progress)
     if d.main:
-        log.info("stopped (%s) at step %d; run directory %s", stopped, state.step, out)
+        log.info("stopped (%s) at step %d; run directory %s (finishing took %.0f s)",
+                 stopped, state.step, out, time.monotonic() - t_finish)  # fmt: skip
     if d.world > 1:
         dist.barrier()

@@ -304,12 +304,28 @@ def evaluate_files(
     *,
     batch_tokens: int = 2048,
 ) -> dict[str, Any]:
-    """Translate `src_path` and score it against `ref_path`: BLEU, chrF (with signatures) and
-    exact match, as a JSON-ready dict that also holds the hypotheses."""
+    """Translate `src_path` and score it against `ref_path` (see `evaluate_lines`)."""
     src, refs = read_file_lines(src_path), read_file_lines(ref_path)
     if len(src) != len(refs):
         raise DataError(f"{src_path} has {len(src)} lines but {ref_path} has {len(refs)}")
-    with tqdm(total=len(src), unit="line", file=sys.stderr, desc="evaluate") as bar:
+    return evaluate_lines(translator, cfg, src, refs, batch_tokens=batch_tokens)
+
+
+def evaluate_lines(
+    translator: Translator,
+    cfg: DecodeConfig,
+    src: Sequence[str],
+    refs: Sequence[str],
+    *,
+    batch_tokens: int = 2048,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Translate `src` and score it against `refs`: BLEU, chrF (with signatures) and exact
+    match, as a JSON-ready dict that also holds the hypotheses."""
+    if len(src) != len(refs):
+        raise DataError(f"{len(src)} source lines but {len(refs)} references")
+    with tqdm(total=len(src), unit="line", file=sys.stderr, desc="evaluate",
+              disable=not progress) as bar:  # fmt: skip
         results = list(
             translator.translate_stream(src, cfg, batch_tokens=batch_tokens, progress=bar.update)
         )
@@ -331,25 +347,27 @@ def evaluate_files(
 def sweep_alpha(
     translator: Translator,
     cfg: DecodeConfig,
-    src_path: Path,
-    ref_path: Path,
+    src: Sequence[str],
+    refs: Sequence[str],
     alphas: list[float],
     *,
     batch_tokens: int = 2048,
+    progress: bool = True,
 ) -> list[dict[str, Any]]:
-    """Beam-search `src_path` once per length penalty α and score each against `ref_path`.
+    """Beam-search `src` once per length penalty α and score each against `refs`.
 
     Returns one row per α, in the order given: alpha, BLEU, length ratio, brevity penalty, and
     `best` (True on the first row with the highest BLEU). A larger α favours longer outputs, so
     the length ratio shows why BLEU moves (§6.1 chose α = 0.6 on the development set).
+    `aiayn evaluate --alphas` and the end of a cosine_budget run (aiayn.train) both use it.
     """
     if cfg.beam_size < 2 or cfg.sample:
         raise ConfigError("choosing alpha needs beam search: give --beam 2 or more, not --sample")
     rows = []
     for alpha in alphas:
-        result = evaluate_files(
-            translator, dataclasses.replace(cfg, alpha=alpha), src_path, ref_path,
-            batch_tokens=batch_tokens,
+        result = evaluate_lines(
+            translator, dataclasses.replace(cfg, alpha=alpha), src, refs,
+            batch_tokens=batch_tokens, progress=progress,
         )  # fmt: skip
         rows.append({
             "alpha": alpha,
