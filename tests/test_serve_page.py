@@ -183,9 +183,10 @@ def test_forward_pass_view_shows_every_stage_with_the_traces_numbers(chromium, s
     click(chromium, '#fp-layers button[data-key="1"]')
     click(chromium, '#fp-heads button[data-key="3"]')
     wait_forward_pass(chromium, 1)
-    body = {"q": q, "layers": [1], "steps": [], "top_k": 8}
+    body = {"q": q, "layers": [1], "steps": [], "stack": "encoder", "top_k": 8}
     served = httpx.post(server.url + "/v1/explain", json=body, timeout=60).json()
     tensors = {t["name"]: t for t in served["tensors"]}
+    assert tensors and not any(n.startswith("step") for n in tensors)  # the encoder only
     cells = drawn(chromium)
     # every intermediate of this position, layer and head is drawn, and nothing else
     assert set(cells) == {n for n in tensors if head_or_none(n, 3)}
@@ -230,9 +231,10 @@ def test_forward_pass_view_shows_every_stage_with_the_traces_numbers(chromium, s
     wait_js(chromium, f"document.getElementById('fp-svg').textContent.includes("
                       f"'decoding step {t}:')")  # fmt: skip
     steps = sorted({0, t})
-    dec = httpx.post(server.url + "/v1/explain", json={"q": q, "layers": [1], "steps": steps,
-                                                       "top_k": 8}, timeout=60).json()  # fmt: skip
+    body = {"q": q, "layers": [1], "steps": steps, "stack": "decoder", "top_k": 8}
+    dec = httpx.post(server.url + "/v1/explain", json=body, timeout=60).json()
     dec_tensors = {x["name"]: x for x in dec["tensors"]}
+    assert dec_tensors and all(n.startswith(("step0.", f"step{t}.")) for n in dec_tensors)
     cells = drawn(chromium)
     cross_kv = {f"step0.decoder.1.cross_attn.head3.{x}" for x in ("k", "v")}
     want = {n for n in dec_tensors if n.startswith(f"step{t}.") and head_or_none(n, 3)}
@@ -298,7 +300,7 @@ def test_seed_example_on_the_page_has_every_number_of_the_worked_example(chromiu
     assert chromium.errors() == []
 
 
-def test_seed_example_endpoint_needs_the_key(served_model_dir):
+def test_seed_endpoint_needs_the_key_and_the_schema_names_stack(served_model_dir):
     from aiayn.explain_seed import seed_example_json
 
     s = ServerProcess(served_model_dir, "--api-key", "k3y")
@@ -310,5 +312,9 @@ def test_seed_example_endpoint_needs_the_key(served_model_dir):
         schema = httpx.get(s.url + "/openapi.json", headers={"Authorization": "Bearer k3y"},
                            timeout=30).json()  # fmt: skip
         assert "get" in schema["paths"]["/v1/explain/seed"]
+        explain_body = schema["paths"]["/v1/explain"]["post"]["requestBody"]["content"]
+        ref = explain_body["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+        stack = schema["components"]["schemas"][ref]["properties"]["stack"]  # documented
+        assert {"encoder", "decoder"} <= set(json.dumps(stack).replace('"', " ").split())
     finally:
         s.stop()

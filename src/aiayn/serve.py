@@ -557,6 +557,9 @@ class Server:
         attention_only = body.tensors == "attention"
 
         def want(name: str) -> bool:  # what is returned is all that is recorded
+            decoder = name.startswith("step")  # the decoder's names are its steps' (`step{t}.`)
+            if body.stack is not None and decoder != (body.stack == "decoder"):
+                return False
             return view.shows(name) and (not attention_only or name.endswith(".weights"))
 
         def work() -> dict[str, Any]:
