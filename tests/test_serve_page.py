@@ -294,7 +294,9 @@ def test_seed_example_on_the_page_has_every_number_of_the_worked_example(chromiu
     for pos in range(3):  # the model's float32 sinusoids, printed to 6 decimals
         assert_matches(expected2[f"d=4, pos={pos}"][0], numbers(f"d=4, pos={pos}"), 6)
     assert found >= 26
-    # where the tutorials are wrong, the page says so
+    # where the tutorials are wrong, the page says so, with the numbers they printed
+    seeds_in_doc = [v for label, (_, v) in expected2.items() if not label.startswith("d=4")]
+    assert seeds_in_doc == [numbers("seed 003 pos=1 (wrong)"), numbers("seed 004 pos=2 (wrong)")]
     assert shown["seed 003 pos=1 (wrong)"][0] == "wrong" == shown["seed 004 K"][0]
     assert "seed 003 is wrong here" in chromium.js("document.getElementById('seed').textContent")
     assert chromium.errors() == []

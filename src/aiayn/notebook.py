@@ -217,8 +217,10 @@ class ForwardPassView:
                 cols = e.cols or [f"d{j}" for j in range(row.numel())]
                 unit = name.endswith(("weights", "probs"))
                 extra = ""
-                if name.endswith("ffn.hidden"):
-                    extra = f"   {int((row == 0).sum())} of {row.numel()} are 0 (ReLU)"
+                if name.endswith("ffn.hidden"):  # "(ReLU)" unless an imported model's differs
+                    relu = "FFN" not in str(ex.config.get("differs", ""))
+                    extra = f"   {int((row == 0).sum())} of {row.numel()} are 0"
+                    extra += " (ReLU)" if relu else ""
                 finite = row[row.isfinite()].double()
                 norm = float(finite.norm()) if finite.numel() else 0.0
                 more = f"… +{row.numel() - n}  " if n < row.numel() else ""
