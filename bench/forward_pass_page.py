@@ -21,8 +21,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from serve_hostile import start
-from serve_load import cpu_name
+from serve_load import cpu_name, launch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from chromium import Chromium  # the page tests' DevTools driver, found through sys.path
@@ -57,7 +56,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="the server's torch threads")
     ap.add_argument("--chromium", default="chromium")
     args = ap.parse_args()
-    proc, url = start(args.model, args.threads, [])
+    proc, url = launch(args.model, ["--threads", str(args.threads), "--timeout", "120"])
     browser = Chromium(args.chromium)
     try:
         browser.send("Page.enable")
