@@ -222,6 +222,18 @@ def test_json_has_each_steps_logits_and_probs_at_the_top(trace):
     assert int(probs.argmax()) == trace.steps[1].top[0][0]
 
 
+def test_logits_count_against_the_trace_budget(loaded):
+    from aiayn.tracing import TraceTooLargeError
+
+    model, tok = loaded
+    V = model.cfg.vocab_size
+    only_logits = lambda name: name.endswith(".logits")  # noqa: E731
+    ok = explain(model, tok, SENTENCE, max_len=2, want=only_logits, max_numel=2 * V)
+    assert ok.names() == ["step0.logits", "step1.logits"]
+    with pytest.raises(TraceTooLargeError):  # 3 steps of logits: 3 V numbers
+        explain(model, tok, SENTENCE, max_len=3, want=only_logits, max_numel=2 * V)
+
+
 def test_seed_example_json_is_the_text_as_data():
     text, data = seed_example_text(), seed_example_json()
     printed = replay_sections(text)
