@@ -22,7 +22,7 @@ from aiayn.decode import beam_search, greedy_decode
 from aiayn.errors import AiaynError
 from aiayn.explain import explain, stable_name, trace_beam
 from aiayn.explain_render import View, parse_indices, to_html, to_json, to_text
-from aiayn.explain_seed import seed_example_text
+from aiayn.explain_seed import seed_example_json, seed_example_text
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
 from aiayn.translate import Translator, one_line, translate_to
@@ -208,6 +208,52 @@ def test_json_is_strict_and_complete(trace):
     assert len(data["steps"]) == 6 and data["translation"]["ids"] == trace.tgt_ids
     x = next(t for t in data["tensors"] if t["name"] == "encoder.embed.sum")
     assert len(x["data"][0]) == 128  # JSON keeps every dimension
+
+
+def test_json_has_each_steps_logits_and_probs_at_the_top(trace):
+    data = to_json(trace, View(layers=(0,), steps=(1,)))
+    named = {t["name"]: t for t in data["tensors"]}
+    assert "step1.logits" in named and "step0.logits" not in named  # chosen by the step
+    assert list(named)[-2:] == ["step1.logits", "step1.probs"]  # the top of the step
+    logits = torch.tensor(named["step1.logits"]["data"], dtype=torch.float64)
+    probs = torch.tensor(named["step1.probs"]["data"], dtype=torch.float64)
+    assert logits.shape == (trace.config["vocab_size"],) == probs.shape
+    torch.testing.assert_close(torch.softmax(logits, -1), probs, rtol=0, atol=1e-6)
+    assert int(probs.argmax()) == trace.steps[1].top[0][0]
+
+
+def test_logits_count_against_the_trace_budget(loaded):
+    from aiayn.tracing import TraceTooLargeError
+
+    model, tok = loaded
+    V = model.cfg.vocab_size
+    only_logits = lambda name: name.endswith(".logits")  # noqa: E731
+    ok = explain(model, tok, SENTENCE, max_len=2, want=only_logits, max_numel=2 * V)
+    assert ok.names() == ["step0.logits", "step1.logits"]
+    with pytest.raises(TraceTooLargeError):  # 3 steps of logits: 3 V numbers
+        explain(model, tok, SENTENCE, max_len=3, want=only_logits, max_numel=2 * V)
+
+
+def test_seed_example_json_is_the_text_as_data():
+    text, data = seed_example_text(), seed_example_json()
+    printed = replay_sections(text)
+    assert [s["title"][:2] for s in data["sections"]] == ["§1", "§2", "§3"]
+    n = 0
+    for sec, section in zip("123", data["sections"], strict=True):
+        for item in section["items"]:
+            if "label" not in item:
+                assert item["text"] in text
+                continue
+            n += 1
+            got = [[float("-inf") if v is None else v for v in r] if isinstance(r, list)
+                   else r for r in item["data"]]  # fmt: skip
+            want = printed[sec][item["label"].split(" = ")[0]]  # "K = X @ W_K" prints as K
+            flat = torch.tensor(got, dtype=torch.float64).flatten()
+            ref = torch.tensor(want, dtype=torch.float64).flatten()
+            finite = ref.isfinite()
+            assert torch.equal(flat.isfinite(), finite), item["label"]
+            assert (flat[finite] - ref[finite]).abs().max() <= 0.5 * 10 ** -item["decimals"]
+    assert n == sum(len(v) for v in printed.values())  # every printed matrix is in the JSON
 
 
 def test_html_is_self_contained_and_well_formed(trace):
@@ -525,6 +571,10 @@ def test_cli_explain_beam_and_seed_example(model_dir, capsys):
     assert beam["beam_size"] == 2 and len(beam["steps"]) == 2 and len(beam["finished"]) == 2
     assert main(["explain", "--seed-example"]) == 0
     assert "7.54348784" in capsys.readouterr().out
+    assert main(["explain", "--seed-example", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == seed_example_json()
+    assert main(["explain", "--seed-example", "--format", "html"]) == 2
+    assert "text or json" in capsys.readouterr().err
 
 
 def test_cli_explain_bad_input_is_one_line(model_dir, capsys):

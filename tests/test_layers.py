@@ -24,7 +24,7 @@ LAYERS = [
     # exporting it to other engines, and running the exports
     "export_dir", "export_ct2", "export_onnx", "engines",
     # the glass box
-    "explain", "explain_seed", "explain_render", "viz", "viz_html",
+    "explain", "explain_seed", "explain_render", "viz", "viz_html", "notebook",
     # entry points
     "quickstart", "serve_batcher", "serve_requests", "serve", "cli", "__main__",
 ]  # fmt: skip

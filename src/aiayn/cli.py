@@ -400,7 +400,8 @@ def _add_explain(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="replay the tutorials' worked example (docs/worked_example.md); no model needed",
     )
-    p.add_argument("--format", choices=("text", "json", "html"), default="text")
+    p.add_argument("--format", choices=("text", "json", "html"), default="text",
+                   help="text, json or html (--seed-example: text or json)")  # fmt: skip
     p.add_argument("--out", type=Path, help="write to this file instead of stdout")
     p.add_argument("--layers", help="layers to show, counted from 0: '0,2' or '0-1' (default all)")
     p.add_argument("--heads", help="heads to show, counted from 1: '1,3' (default all)")
@@ -424,10 +425,15 @@ _EXPLAIN_SEARCH_FLAGS = {  # DecodeConfig field -> argparse dest
 
 def _run_explain(args: argparse.Namespace) -> int:
     from aiayn.explain_render import View, explain_report, parse_indices
-    from aiayn.explain_seed import seed_example_text
+    from aiayn.explain_seed import seed_example_json, seed_example_text
 
     if args.seed_example:
+        if args.format == "html":
+            raise AiaynError("--seed-example prints text or json (the page of `aiayn serve` "
+                             "shows it too)")  # fmt: skip
         report = seed_example_text()
+        if args.format == "json":
+            report = json.dumps(seed_example_json(), ensure_ascii=False, allow_nan=False) + "\n"
     else:
         if args.model is None or not args.sentence:
             raise AiaynError("give --model DIR and a sentence (or --seed-example)")

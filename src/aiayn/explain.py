@@ -327,6 +327,7 @@ def _recorder(
         probs_V = torch.softmax(logits_V.float(), dim=-1)
         for leaf, x in (("logits", logits_V), ("probs", probs_V)):
             if want is None or want(f"step{t}.{leaf}"):
+                rec.count(x.numel())  # the search's own logits: within the trace's budget
                 out.entries[f"step{t}.{leaf}"] = Entry(
                     f"step{t}.{leaf}", x, [fed_pieces[-1]], None, t
                 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -26,6 +27,7 @@ MAX_INDICES = 10_000  # more layers, heads or steps than any model has
 HEAD_LEAVES = ("q", "k", "v", "scores", "scores_scaled", "scores_masked", "weights", "output")
 SEARCH_NAME = {"greedy": "greedy translation", "sample": "sampled translation"}
 CHOSEN = {"greedy": "greedy: the most probable", "sample": "sampled"}
+STEP_TOP_RE = re.compile(r"^step(\d+)\.(?:logits|probs)$")  # the generator at step t
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,9 @@ class View:
 
     def shows(self, name: str) -> bool:
         m = NAME_RE.match(name)
-        if m is None:
-            return True
+        if m is None:  # step{t}.logits / .probs: chosen by their step only
+            top = STEP_TOP_RE.match(name)
+            return top is None or self.steps is None or int(top.group(1)) in self.steps
         step = m.group("step")
         if step is not None and self.steps is not None and int(step) not in self.steps:
             return False
@@ -128,6 +131,7 @@ def sections(trace: Explanation, view: View) -> Iterator[tuple[str, list[Entry],
         names = [f"step{t}.decoder.embed.{x}" for x in embed]
         for layer in range(L):
             names += [f"step{t}.{n}" for n in _layer("decoder", layer, H)]
+        names += [f"step{t}.logits", f"step{t}.probs"]  # the top of Figure 1
         yield title, pick(names), t
 
 

@@ -11,6 +11,8 @@ See docs/worked_example.md; the labels below are the ones it uses.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -77,14 +79,33 @@ def num(x: float) -> str:
     return "0" if s in ("-0", "") else s
 
 
-def mat(label: str, value: Tensor | list, fmt=num) -> str:
-    """`label = [[a, b], [c, d]]`, one matrix row per line, aligned under the first."""
+@dataclass(frozen=True)
+class Matrix:
+    """One labelled vector or matrix of the replay: printed as `label = [...]` (text) or sent
+    whole (JSON, the page), with the decimals it is printed to."""
+
+    label: str
+    rows: list  # a list of numbers, or a list of rows
+    fmt: Callable[[float], str] = num
+    decimals: int = 8  # what `fmt` prints at most
+
+    def __str__(self) -> str:
+        """`label = [[a, b], [c, d]]`, one matrix row per line, aligned under the first."""
+        fmt, rows = self.fmt, self.rows
+        if rows and not isinstance(rows[0], list):
+            return f"{self.label} = [{', '.join(fmt(v) for v in rows)}]"
+        pad = " " * (len(self.label) + 4)
+        body = f",\n{pad}".join("[" + ", ".join(fmt(v) for v in r) + "]" for r in rows)
+        return f"{self.label} = [{body}]"
+
+
+Item = str | Matrix  # a line of prose, or a matrix
+
+
+def mat(label: str, value: Tensor | list, fmt: Callable[[float], str] = num,
+        decimals: int = 8) -> Matrix:  # fmt: skip
     rows = value.tolist() if isinstance(value, Tensor) else value
-    if rows and not isinstance(rows[0], list):
-        return f"{label} = [{', '.join(fmt(v) for v in rows)}]"
-    pad = " " * (len(label) + 4)
-    body = f",\n{pad}".join("[" + ", ".join(fmt(v) for v in r) + "]" for r in rows)
-    return f"{label} = [{body}]"
+    return Matrix(label, rows, fmt, decimals)
 
 
 def _seed_mha(
@@ -105,7 +126,7 @@ def _pad(w: Tensor, rows: int) -> Tensor:
     return torch.cat([w, torch.zeros(rows - w.size(0), w.size(1), dtype=F64)])
 
 
-def section1() -> list[str]:
+def section1() -> list[Item]:
     """Seed 003's "Hello World", two heads of d_k = 3, through MultiHeadAttention."""
     # The seed's heads are 3-dimensional while d_model is 4 (h * d_k = 6, not d_model as in the
     # paper), so the module is built with d_model = 6 and the 4-dim rows get two zero columns;
@@ -115,7 +136,7 @@ def section1() -> list[str]:
     wo = torch.cat([W_O, torch.zeros(D, 2, dtype=F64)], dim=1)
     mha = _seed_mha(D, 2, wq, wk, wv, wo)
     x = _pad(E.T, D).T[None]  # (1, 2, 6)
-    out = [
+    out: list[Item] = [
         '== §1  Two-head self-attention on "Hello World" (seed 003), through '
         "aiayn.model.MultiHeadAttention in float64 ==",
         "",
@@ -165,7 +186,7 @@ def section1() -> list[str]:
     return out
 
 
-def _residual_norm(z: Tensor) -> list[str]:
+def _residual_norm(z: Tensor) -> list[Item]:
     x = z + E
     mean, std = x.mean(-1), x.std(-1, unbiased=False)
     seed_ln = (x - mean[:, None]) / (std[:, None] + 1e-6)
@@ -183,18 +204,18 @@ def _residual_norm(z: Tensor) -> list[str]:
     ]
 
 
-def section2() -> list[str]:
+def section2() -> list[Item]:
     """The paper's sinusoids beside the seeds' values, which give cos the next pair's frequency."""
     pe = sinusoidal_positions(3, 4).double()  # the model's float32 table: 6 decimals hold
     seeds = {1: ("seed 003", [0.84, 0.99, 0, 1]), 2: ("seed 004", [0.9093, 0.9998, 0.02, 0.9999])}
-    out = [
+    out: list[Item] = [
         "== §2  Sinusoidal positional encoding (seeds 003 and 004): the seeds are wrong ==",
         "PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)) (§3.5):",
         "both dimensions of a sin/cos pair share one frequency.",
         "aiayn.model.sinusoidal_positions (computed in float64, stored as the model's float32):",
         "",
     ]
-    out += [mat(f"d=4, pos={p}", pe[p], lambda v: f"{v:.6f}") for p in range(3)]
+    out += [mat(f"d=4, pos={p}", pe[p], lambda v: f"{v:.6f}", 6) for p in range(3)]
     out += ["", "  pos  dim  aiayn (paper)  seed      formula"]
     for p, (who, vals) in seeds.items():
         for i in range(4):
@@ -222,7 +243,7 @@ def _decimals(v: float) -> int:
     return len(s.split(".")[1]) if "." in s and not s.endswith(".0") else 0
 
 
-def section3() -> list[str]:
+def section3() -> list[Item]:
     """Seed 004's masked self-attention, one head of d_k = 3, through MultiHeadAttention."""
     eye = torch.eye(3, dtype=F64)
     mha = _seed_mha(3, 1, eye, W_K, eye, eye)  # W_Q = W_V = I; no W^O in the seed: I
@@ -262,5 +283,32 @@ def seed_example_text() -> str:
         "",
     ]
     for part in (section1(), section2(), section3()):
-        lines += [*part, ""]
+        lines += [*map(str, part), ""]
     return "\n".join(lines)
+
+
+def _jsonable(x: object) -> object:
+    """-inf (masked scores) becomes null: strict JSON has no infinities."""
+    if isinstance(x, list):
+        return [_jsonable(v) for v in x]
+    return None if x == float("-inf") else x
+
+
+def seed_example_json() -> dict:
+    """The same replay as data (`aiayn explain --seed-example --format json`, and what the
+    page of `aiayn serve` shows): per section its title and items, each a line of prose
+    (`{"text"}`) or a matrix (`{"label", "data", "decimals"}`: float64 numbers as computed,
+    printed to `decimals` places in the text)."""
+    sections = []
+    for part in (section1(), section2(), section3()):
+        title = str(part[0]).strip("= ")
+        items: list[dict] = []
+        for item in part[1:]:
+            if isinstance(item, Matrix):
+                items.append({"label": item.label, "data": _jsonable(item.rows),
+                              "decimals": item.decimals})  # fmt: skip
+            elif item:
+                items.append({"text": item})
+        sections.append({"title": title, "items": items})
+    return {"format": "aiayn.seed_example/1", "doc": "docs/worked_example.md",
+            "sections": sections}  # fmt: skip

@@ -7,6 +7,8 @@ Endpoints (docs/serving.md has examples; /openapi.json describes every body):
     GET  /languages        LibreTranslate's language list; POST /detect names the source
     POST /v1/translate     aiayn's own: beam, alpha, nbest, sampling; hypotheses with scores
     POST /v1/explain       one sentence traced: what `aiayn explain --format json` prints
+    GET  /v1/explain/seed  the tutorials' worked example: `aiayn explain --seed-example
+                           --format json` (no model needed; the page opens it)
     GET  /v1/model         configuration, languages, sizes, limits, example sentences
     GET  /health           liveness (never needs the API key)
     GET  /metrics          Prometheus text format
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hmac
 import ipaddress
 import json
@@ -130,7 +133,7 @@ class ServeOptions:
 # --- metrics --------------------------------------------------------------------------------------
 
 PATHS = ("/", "/translate", "/languages", "/detect", "/v1/translate", "/v1/explain",
-         "/v1/model", "/health", "/metrics")  # fmt: skip
+         "/v1/explain/seed", "/v1/model", "/health", "/metrics")  # fmt: skip
 
 
 class Metrics:
@@ -554,6 +557,9 @@ class Server:
         attention_only = body.tensors == "attention"
 
         def want(name: str) -> bool:  # what is returned is all that is recorded
+            decoder = name.startswith("step")  # the decoder's names are its steps' (`step{t}.`)
+            if body.stack is not None and decoder != (body.stack == "decoder"):
+                return False
             return view.shows(name) and (not attention_only or name.endswith(".weights"))
 
         def work() -> dict[str, Any]:
@@ -586,6 +592,14 @@ class Server:
             "limits": dataclasses.asdict(self.limits),
             "examples": self.examples,
         }
+
+
+@functools.cache
+def _seed_example() -> dict[str, Any]:
+    """The seeds' replay (a few small float64 products, computed once per process)."""
+    from aiayn.explain_seed import seed_example_json
+
+    return seed_example_json()
 
 
 def allowed_hosts(bound: str, extra: tuple[str, ...]) -> frozenset[str] | None:
@@ -674,6 +688,10 @@ def create_app(translator: Translator, model_dir: Path, opts: ServeOptions) -> F
     @app.get("/v1/model", responses=ERRORS)
     async def model() -> dict[str, Any]:
         return server.model_info()
+
+    @app.get("/v1/explain/seed", responses=ERRORS)
+    async def seed_example() -> dict[str, Any]:
+        return _seed_example()
 
     @app.get("/languages", responses=ERRORS)
     async def languages() -> list[dict[str, Any]]:

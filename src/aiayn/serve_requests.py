@@ -270,7 +270,7 @@ def request_models(
     class V1ExplainRequest(StrictBody):
         """One sentence traced: what `aiayn explain --format json` prints. `layers`, `heads`
         and `steps` choose what is kept (default all); `tensors: "attention"` keeps the
-        attention weights only."""
+        attention weights only; `stack` keeps one stack (the page's forward-pass view)."""
 
         q: _text(limits.max_chars_per_sentence, required=True)
         beam: _int(0, limits.max_beam) = 0
@@ -289,6 +289,11 @@ def request_models(
         dims: _int(1, 4096) = 8
         precision: _int(0, 12) = 4
         tensors: Literal["all", "attention"] = "all"
+        stack: Literal["encoder", "decoder"] | None = Field(
+            None,
+            description="keep one stack only: 'encoder' (the source's embeddings and encoder "
+            "layers) or 'decoder' (the decoding steps: embeddings, layers, logits)",
+        )
         api_key: Key = None
 
     return RequestModels(LibreTranslateRequest, DetectRequest, V1TranslateRequest,

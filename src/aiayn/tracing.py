@@ -43,13 +43,18 @@ class Trace:
         name = self.prefix + name
         if self.keep is not None and not self.keep(name):
             return
-        self.numel += x.numel()
+        self.count(x.numel())
+        self.tensors[name] = x.detach().clone()
+
+    def count(self, numel: int) -> None:
+        """Charge `numel` numbers to the budget (also for what an observer keeps beside the
+        trace, such as a search step's logits)."""
+        self.numel += numel
         if self.max_numel is not None and self.numel > self.max_numel:
             raise TraceTooLargeError(
                 f"the trace would hold more than {self.max_numel:,} numbers: ask for fewer "
                 "layers, heads or steps, or the attention weights only"
             )
-        self.tensors[name] = x.detach().clone()
 
 
 _TRACE: ContextVar[Trace | None] = ContextVar("aiayn_trace", default=None)
