@@ -53,8 +53,9 @@ def test_an_ordinary_request_is_answered_while_the_worst_one_runs(server):
     hog.join(120)
     assert worst["r"][0] == 200  # the worst request is served too, within the timeout
     # The ordinary request waited for one turn of the worst, not for all of it (with one
-    # turn for the whole request, it waits ~80% of the worst's time).
-    assert status == 200 and seconds < 2.0 and seconds < 0.5 * worst["r"][1], (seconds, worst)
+    # turn for the whole request, it waits ~80% of the worst's time). The 2 s is
+    # measured by bench/serve_hostile.py; here a loaded CI machine gets some slack.
+    assert status == 200 and seconds < 3.0 and seconds < 0.5 * worst["r"][1], (seconds, worst)
 
 
 def test_a_client_that_leaves_frees_the_model_within_a_step(server):
