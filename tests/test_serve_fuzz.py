@@ -29,6 +29,7 @@ def fuzz(model_dir, tmp_path, examples: int, *flags: str) -> dict:
              "--header", f"Authorization: Bearer {KEY}", "--request-timeout", "60",
              "--no-color", "--report", "json", "--report-json-path", str(report)],
             capture_output=True, text=True, timeout=1800,
+            cwd=tmp_path,  # schemathesis keeps a cache in its working directory: not the repo
         )  # fmt: skip
     finally:
         _, _, err = s.stop()
