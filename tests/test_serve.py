@@ -199,6 +199,8 @@ BAD = [
     ("post", "/translate", b'["q"]', {}, 400, "must be a JSON object"),
     ("post", "/translate", b'{"q": "\xff\xfe"}', {}, 400, "not valid UTF-8"),
     ("post", "/translate", b"", {}, 400, "invalid JSON"),
+    ("post", "/translate", b"[" * 60_000, {}, 400, "nested too deeply"),
+    ("post", "/v1/translate", b"[" * 60_000, {}, 400, "error parsing the body"),
     ("post", "/translate", {"source": "en", "target": "de"}, None, 422, "'q': Field required"),
     ("post", "/translate", {"q": 5}, None, 422, "string or a list of strings"),
     ("post", "/translate", {"q": ["a", 3]}, None, 422, "'q.1': Input should be a valid string"),

@@ -134,6 +134,10 @@ def test_the_body_is_capped_and_the_key_comes_first(served_model_dir):
             r = c.post("/v1/translate", content=b"x" * 10, headers={
                 "Content-Type": "text/plain", "Authorization": f"Bearer {KEY}"})  # fmt: skip
             assert r.status_code == 415
+            for raw in (b"[1, 2]", b'"api_key"', b"null", b"\xff{", b"[" * 100_000):
+                r = c.post("/v1/translate", content=raw,
+                           headers={"Content-Type": "application/json"})  # fmt: skip
+                assert r.status_code == 401, (raw[:20], r.text)  # never a 500
             r = c.post("/v1/translate", json={"q": "two", "api_key": "wrong"})
             assert r.status_code == 403
             r = c.post("/v1/translate", json={"q": "two", "api_key": KEY})

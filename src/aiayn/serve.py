@@ -284,10 +284,12 @@ def _key_in(headers: dict[str, str], query: bytes) -> str | None:
 
 def _key_in_body(body: bytes, content_type: str) -> str | None:
     """LibreTranslate's clients send the key as `api_key` in the JSON body or the form."""
-    with contextlib.suppress(ValueError, UnicodeDecodeError):
+    # RecursionError: json's answer to "[[[[..." nested deeper than Python's stack allows
+    with contextlib.suppress(ValueError, UnicodeDecodeError, RecursionError):
         if _media_type(content_type) == "application/x-www-form-urlencoded":
             return parse_qs(body.decode("utf-8")).get("api_key", [None])[0]
-        value = json.loads(body).get("api_key")
+        data = json.loads(body)
+        value = data.get("api_key") if isinstance(data, dict) else None  # `[...]` has no key
         return value if isinstance(value, str) else None
     return None
 
@@ -468,6 +470,8 @@ class Server:
                 data = json.loads(text)
             except ValueError as e:
                 raise ApiError(400, f"invalid JSON: {e}") from None
+            except RecursionError:  # "[[[[..." deeper than Python's stack
+                raise ApiError(400, "invalid JSON: nested too deeply") from None
         else:
             fields = parse_qs(text, keep_blank_values=True)
             data = {k: (v if k == "q" and len(v) > 1 else v[0]) for k, v in fields.items()}
