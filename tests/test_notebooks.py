@@ -57,10 +57,13 @@ def test_tutorial_notebooks_run_in_order(tmp_path, monkeypatch):
     assert names == sorted(EXPECTED)  # every notebook is checked, in the seeds' order
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("AIAYN_NOTEBOOK_DIR", str(tmp_path))
+    # One torch thread in the kernel: on a 2-core machine whose other core is busy, two OpenMP
+    # threads wait on each other at every operation (the training cell took over 120 s so).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     for name in names:
         nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
         where = {"metadata": {"path": str(NOTEBOOKS)}}  # the kernel's working directory
-        client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources=where)
+        client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources=where)
         client.execute()  # raises CellExecutionError, naming the cell, if any cell fails
         text = outputs_text(nb)
         for want in EXPECTED[name]:
