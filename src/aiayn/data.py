@@ -6,6 +6,7 @@ The path a sentence pair takes:
                                  checked; unusable pairs are dropped *as pairs* and counted
     encode_pairs(pairs, tok)     SentencePiece ids; pairs longer than max_len dropped, counted
     batch_plan(examples, ...)    index lists whose padded size B * max_len fits `max_tokens`
+    cut_batches(order, sizes, n) the token-budget rule itself (translation uses it too)
     collate(examples, indices)   a padded `Batch` (src = ids + EOS, tgt_in = BOS + ids,
                                  tgt_out = ids + EOS); `pad_rows` is the one padding function
     load_data / StepLoader       a training run's corpora, and each optimizer step's share
@@ -313,25 +314,33 @@ def batch_plan(
     if shuffle:
         rng.shuffle(order)  # random tie-break among equal lengths; the sort below is stable
     order.sort(key=lambda i: (len(examples[i].tgt), len(examples[i].src)))
+    sizes = [example_size(ex) for ex in examples]
+    if sizes and max(sizes) > max_tokens:
+        raise DataError(
+            f"an example of {max(sizes)} tokens does not fit max_tokens={max_tokens}; "
+            "raise train.max_tokens or lower train.max_len"
+        )
+    batches = cut_batches(order, sizes, max_tokens)
+    if shuffle:
+        rng.shuffle(batches)
+    return batches
+
+
+def cut_batches(order: Sequence[int], sizes: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """`order` cut into consecutive batches whose padded size, count x the largest size, is at
+    most `max_tokens` (one item larger than that gets a batch of its own). The one token-budget
+    rule of training (`batch_plan`) and translation (`translate.token_budget_batches`)."""
     batches: list[list[int]] = []
     cur: list[int] = []
     cur_len = 0
     for i in order:
-        size = example_size(examples[i])
-        if size > max_tokens:
-            raise DataError(
-                f"an example of {size} tokens does not fit max_tokens={max_tokens}; "
-                "raise train.max_tokens or lower train.max_len"
-            )
-        if cur and (len(cur) + 1) * max(cur_len, size) > max_tokens:
+        if cur and (len(cur) + 1) * max(cur_len, sizes[i]) > max_tokens:
             batches.append(cur)
             cur, cur_len = [], 0
         cur.append(i)
-        cur_len = max(cur_len, size)
+        cur_len = max(cur_len, sizes[i])
     if cur:
         batches.append(cur)
-    if shuffle:
-        rng.shuffle(batches)
     return batches
 
 

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from aiayn.checkpoint import load_model_dir
 from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, from_dict, read_run_config
-from aiayn.data import pad_rows, read_lines
+from aiayn.data import cut_batches, pad_rows, read_lines
 from aiayn.decode import Hypothesis, check_decode_config, sample_seed, search
 from aiayn.device import Precision, choose_precision, resolve_device
 from aiayn.errors import CheckpointError, ConfigError, DataError
@@ -77,14 +77,7 @@ def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[i
     """Indices grouped into batches of similar length, longest first, each with at most
     `max_tokens` tokens counting padding (a single longer sentence gets a batch of its own)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    for i in order:
-        # The longest sentence of a batch is its first (the order is descending).
-        if batches and lengths[batches[-1][0]] * (len(batches[-1]) + 1) <= max_tokens:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
+    return cut_batches(order, lengths, max_tokens)
 
 
 class Translator:
