@@ -26,7 +26,8 @@ LAYERS = [
     # the glass box
     "explain", "explain_seed", "explain_render", "viz", "viz_html", "notebook",
     # entry points
-    "quickstart", "serve_batcher", "serve_requests", "serve", "cli", "__main__",
+    "quickstart", "serve_batcher", "serve_requests", "serve_guard", "serve", "serve_run", "cli",
+    "__main__",
 ]  # fmt: skip
 
 

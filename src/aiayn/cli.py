@@ -784,7 +784,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 def _run_serve(args: argparse.Namespace) -> int:
     try:
-        from aiayn.serve import Limits, ServeOptions, serve
+        from aiayn.serve import Limits, ServeOptions
+        from aiayn.serve_run import serve
     except ImportError as e:  # the serve extra is optional
         raise AiaynError(f"serve needs the serve extra (pip install -e '.[serve]'): {e}") from None
     positive = ("max_chars_per_request", "max_chars_per_sentence", "max_sentences", "max_beam",

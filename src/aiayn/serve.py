@@ -33,13 +33,10 @@ import contextlib
 import dataclasses
 import functools
 import hmac
-import ipaddress
 import json
 import logging
-import signal
-import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -53,11 +50,6 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    disable_created_metrics,
     generate_latest,
 )
 from pydantic import BaseModel, ValidationError
@@ -67,7 +59,15 @@ from aiayn import __version__
 from aiayn.config import DecodeConfig, to_dict
 from aiayn.errors import AiaynError
 from aiayn.explain_render import View, to_json, trace_sentence, trace_settings
-from aiayn.serve_batcher import Batcher, BatchStats, ClosedError, ExpiredError, Job, QueueFullError
+from aiayn.serve_batcher import Batcher, ClosedError, ExpiredError, Job, QueueFullError
+from aiayn.serve_guard import (
+    Accounting,
+    Guard,
+    Metrics,
+    allowed_hosts,
+    error_response,
+    media_type,
+)
 from aiayn.serve_requests import (
     ApiError,
     ErrorBody,
@@ -108,9 +108,6 @@ def export_source(directory: Path) -> Path | None:
     return source if source.is_dir() else None
 
 
-access_log = logging.getLogger("aiayn.serve.access")
-
-
 @dataclass(frozen=True)
 class ServeOptions:
     host: str = "127.0.0.1"
@@ -130,214 +127,7 @@ class ServeOptions:
     max_connections: int = 1024  # open connections and requests at once (then 503)
 
 
-# --- metrics --------------------------------------------------------------------------------------
-
-PATHS = ("/", "/translate", "/languages", "/detect", "/v1/translate", "/v1/explain",
-         "/v1/explain/seed", "/v1/model", "/health", "/metrics")  # fmt: skip
-
-
-class Metrics:
-    """The server's Prometheus metrics, in a registry of its own (one per app)."""
-
-    def __init__(self, batcher_queue: Callable[[], int]) -> None:
-        disable_created_metrics()  # no `_created` series: counters and histograms only
-        self.registry = r = CollectorRegistry()
-        self.requests = Counter("aiayn_requests", "HTTP requests answered",
-                                ["endpoint", "status"], registry=r)  # fmt: skip
-        self.latency = Histogram(
-            "aiayn_request_seconds", "time from request to response", ["endpoint"], registry=r,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-        )  # fmt: skip
-        self.sentences = Counter("aiayn_sentences", "sentences translated", registry=r)
-        self.src_tokens = Counter("aiayn_source_tokens", "source tokens read", registry=r)
-        self.tgt_tokens = Counter("aiayn_target_tokens", "target tokens written", registry=r)
-        self.batch_sentences = Histogram(
-            "aiayn_batch_sentences", "sentences per merged model batch", registry=r,
-            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
-        )  # fmt: skip
-        self.batch_requests = Histogram(
-            "aiayn_batch_requests", "requests per merged model batch", registry=r,
-            buckets=(1, 2, 4, 8, 16, 32, 64),
-        )  # fmt: skip
-        self.batch_seconds = Histogram("aiayn_batch_seconds", "model time per merged batch",
-                                       registry=r)  # fmt: skip
-        self.dropped = Counter("aiayn_dropped_requests", "requests dropped before decoding",
-                               ["reason"], registry=r)  # fmt: skip
-        Gauge("aiayn_queued_jobs", "jobs waiting for the model", registry=r).set_function(
-            batcher_queue
-        )
-
-    def batch(self, s: BatchStats) -> None:
-        self.sentences.inc(s.sentences)
-        self.src_tokens.inc(s.src_tokens)
-        self.tgt_tokens.inc(s.tgt_tokens)
-        self.batch_sentences.observe(s.sentences)
-        self.batch_requests.observe(s.requests)
-        self.batch_seconds.observe(s.seconds)
-
-
-class Accounting:
-    """Pure ASGI middleware, outermost: metrics and the access log for every response (the
-    path only: a query string can hold the API key), and the count of requests accepted and
-    answered (logged at shutdown: nothing accepted is lost on SIGTERM)."""
-
-    def __init__(self, app: Callable[..., Awaitable[None]], server: Server) -> None:
-        self.app, self.server, self.metrics = app, server, server.metrics
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        self.server.accepted += 1
-        t0, status = time.perf_counter(), 500
-
-        async def counted(message: dict) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                message = {**message, "headers": [*message.get("headers", []), *SAFE_HEADERS]}
-            await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body"):
-                self.server.answered += 1
-
-        try:
-            await self.app(scope, receive, counted)
-        finally:
-            seconds = time.perf_counter() - t0
-            endpoint = scope["path"] if scope["path"] in PATHS else "other"
-            self.metrics.requests.labels(endpoint, str(status)).inc()
-            self.metrics.latency.labels(endpoint).observe(seconds)
-            if self.server.opts.access_log:
-                client = scope.get("client") or ("-", 0)
-                access_log.info('%s "%s %s" %d %.1f ms', client[0], scope["method"],
-                                scope["path"], status, 1000 * seconds)  # fmt: skip
-
-
-# On every response: no MIME sniffing, the page never framed by another site (clickjacking),
-# and no Referer (the page's address may hold ?api_key=).
-SAFE_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
-                (b"referrer-policy", b"no-referrer")]  # fmt: skip
-
-JSON_ONLY = ("/v1/translate", "/v1/explain")
-JSON_OR_FORM = ("/translate", "/detect")  # LibreTranslate's clients send forms too
-NO_KEY = ("/health",)
-
-
-class Guard:
-    """Pure ASGI middleware in front of every handler (module docstring): Host, content type,
-    API key and the body, read with a cap; the handlers then read the body it kept."""
-
-    def __init__(self, app: Callable[..., Awaitable[None]], server: Server) -> None:
-        self.app, self.server = app, server
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        try:
-            body = await self.check(scope, receive)
-        except ApiError as e:
-            await _error(e.status, str(e))(scope, receive, send)
-            return
-        if body is None:
-            await self.app(scope, receive, send)
-            return
-        replayed = False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if not replayed:  # the body once, then the connection's own messages (disconnect)
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    async def check(self, scope: dict, receive: Callable) -> bytes | None:
-        """The body of a POST (None for other methods), once every check has passed."""
-        server, path = self.server, scope["path"]
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        server.check_host(headers.get("host", ""))
-        key = server.opts.api_key is not None and path not in NO_KEY
-        given = _key_in(headers, scope.get("query_string", b"")) if key else None
-        if given is not None:
-            server.check_key(given)  # a wrong key is refused before the body is read
-        if scope["method"] != "POST":
-            if key and given is None:
-                server.check_key(None)
-            return None
-        body = await _read_body(receive, headers.get("content-length"), server.max_body)
-        if key and given is None:  # before anything is said about the body
-            server.check_key(_key_in_body(body, headers.get("content-type", "")))
-        _check_content_type(path, headers.get("content-type", ""))
-        return body
-
-
-def _key_in(headers: dict[str, str], query: bytes) -> str | None:
-    """The key of a Bearer header, or of `?api_key=` (how the page is opened)."""
-    auth = headers.get("authorization", "")
-    if auth.lower().startswith("bearer ") and auth[7:].strip():
-        return auth[7:].strip()
-    values = parse_qs(query.decode("latin-1")).get("api_key")
-    return values[0] if values else None
-
-
-def _key_in_body(body: bytes, content_type: str) -> str | None:
-    """LibreTranslate's clients send the key as `api_key` in the JSON body or the form."""
-    # RecursionError: json's answer to "[[[[..." nested deeper than Python's stack allows
-    with contextlib.suppress(ValueError, UnicodeDecodeError, RecursionError):
-        if _media_type(content_type) == "application/x-www-form-urlencoded":
-            return parse_qs(body.decode("utf-8")).get("api_key", [None])[0]
-        data = json.loads(body)
-        value = data.get("api_key") if isinstance(data, dict) else None  # `[...]` has no key
-        return value if isinstance(value, str) else None
-    return None
-
-
-def _media_type(content_type: str) -> str:
-    return content_type.split(";", 1)[0].strip().lower()
-
-
-def _check_content_type(path: str, content_type: str) -> None:
-    media = _media_type(content_type)
-    if path in JSON_ONLY and media != "application/json":
-        raise ApiError(415, f"send the body as JSON (Content-Type: application/json), not "
-                            f"{media or 'no content type'}")  # fmt: skip
-    if path in JSON_OR_FORM and media not in ("application/json",
-                                              "application/x-www-form-urlencoded"):  # fmt: skip
-        raise ApiError(415, "send the body as JSON (application/json) or a form "
-                            f"(application/x-www-form-urlencoded), not "
-                            f"{media or 'no content type'}")  # fmt: skip
-
-
-async def _read_body(receive: Callable, length: str | None, cap: int) -> bytes:
-    """The whole body, refused (413) as soon as it passes `cap` bytes: by its Content-Length
-    when it has one, else while it streams in (chunked)."""
-    if length is not None:
-        if not length.strip().isdigit():
-            raise ApiError(400, f"invalid Content-Length {length[:20]!r}")
-        if int(length) > cap:
-            raise ApiError(413, f"the body has {int(length)} bytes; the limit is {cap}")
-    parts, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ApiError(499, "client closed the request")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > cap:
-            raise ApiError(413, f"the body has more than {cap} bytes; the limit is {cap}")
-        parts.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(parts)
-
-
 # --- the app --------------------------------------------------------------------------------------
-
-
-def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    headers = {**(headers or {}), **({"WWW-Authenticate": "Bearer"} if status == 401 else {})}
-    return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
 
 def _hypothesis(t: Translation) -> dict[str, Any]:
@@ -464,7 +254,7 @@ class Server:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ApiError(400, f"the body is not valid UTF-8 (byte {e.start})") from None
-        strict = _media_type(request.headers.get("content-type", "")) == "application/json"
+        strict = media_type(request.headers.get("content-type", "")) == "application/json"
         if strict:  # JSON has types: only a form's strings are converted
             try:
                 data = json.loads(text)
@@ -606,17 +396,6 @@ def _seed_example() -> dict[str, Any]:
     return seed_example_json()
 
 
-def allowed_hosts(bound: str, extra: tuple[str, ...]) -> frozenset[str] | None:
-    """The Host names served: loopback names, the bound address and `extra`; None (any) for
-    `--allowed-host '*'`, or a wildcard bind (0.0.0.0, ::) without --allowed-host, which is
-    only allowed with an API key, and whose clients use names this process cannot know."""
-    if "*" in extra or (not extra and bound in ("0.0.0.0", "::", "")):
-        return None
-    names = {"localhost", "127.0.0.1", "[::1]", *(h.lower() for h in extra)}
-    names.add(f"[{bound}]" if ":" in bound else bound.lower())
-    return frozenset(names)
-
-
 def _form_body(model: type[BaseModel]) -> dict[str, Any]:
     """OpenAPI for a body that is JSON or a form, both described by `model`."""
     schema = model.model_json_schema()
@@ -657,23 +436,23 @@ def create_app(translator: Translator, model_dir: Path, opts: ServeOptions) -> F
 
     @app.exception_handler(ApiError)
     async def api_error(_r: Request, e: ApiError) -> JSONResponse:
-        return _error(e.status, str(e))
+        return error_response(e.status, str(e))
 
     @app.exception_handler(HTTPException)
     async def http_error(_r: Request, e: HTTPException) -> JSONResponse:
-        return _error(e.status_code, str(e.detail), e.headers)  # a 405 keeps its Allow
+        return error_response(e.status_code, str(e.detail), e.headers)  # a 405 keeps its Allow
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_r: Request, e: RequestValidationError) -> JSONResponse:
         errors = list(e.errors())
         if errors and errors[0].get("type") == "json_invalid":
-            return _error(400, f"invalid JSON: {errors[0].get('ctx', {}).get('error', '')}")
-        return _error(422, validation_message(errors))
+            return error_response(400, f"invalid JSON: {errors[0].get('ctx', {}).get('error', '')}")
+        return error_response(422, validation_message(errors))
 
     @app.exception_handler(Exception)
     async def internal_error(_r: Request, e: Exception) -> JSONResponse:
         log.exception("unexpected error")
-        return _error(500, f"internal error: {type(e).__name__}")
+        return error_response(500, f"internal error: {type(e).__name__}")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> HTMLResponse:
@@ -725,79 +504,3 @@ def create_app(translator: Translator, model_dir: Path, opts: ServeOptions) -> F
                            allow_headers=["Authorization", "Content-Type"])  # fmt: skip
     app.add_middleware(Accounting, server=server)  # type: ignore[arg-type]
     return app
-
-
-# --- running it -----------------------------------------------------------------------------------
-
-
-def load_any(model_dir: Path, device: str, dtype: str, threads: int) -> Translator:
-    """The translator of an aiayn model directory, or of an `aiayn export` directory
-    (CTranslate2 or ONNX Runtime: the same API, the engine's own search; nothing to trace)."""
-    from aiayn.engines import load_translator
-    from aiayn.export_dir import is_export_dir
-
-    if is_export_dir(model_dir):
-        return load_translator(model_dir, device=device, dtype=dtype, threads=threads)
-    return Translator.load(model_dir, device=device, dtype=dtype)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (port 0 = any free port): a clear error if taken."""
-    try:
-        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-    except OSError as e:
-        raise AiaynError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    sock.listen(2048)
-    return sock
-
-
-def serve(model_dir: Path, opts: ServeOptions, *, device: str = "auto", dtype: str = "auto",
-          threads: int = 0, announce: Callable[[str], None] = print) -> dict[str, int]:  # fmt: skip
-    """Load the model and serve until SIGTERM or Ctrl-C; a SIGTERM drains and returns the
-    count of requests accepted and answered (equal unless a client went away mid-answer).
-
-    On SIGTERM uvicorn stops accepting connections, answers every request it has accepted,
-    then runs the app's shutdown (the model worker answers what is queued and stops).
-    """
-    import uvicorn
-
-    if not is_loopback(opts.host) and not opts.api_key:
-        raise AiaynError(f"--host {opts.host} is reachable from other machines: give --api-key "
-                         "KEY (or set AIAYN_API_KEY), or serve on 127.0.0.1")  # fmt: skip
-    translator = load_any(model_dir, device, dtype, threads)
-    app = create_app(translator, model_dir, opts)
-    sock = listen(opts.host, opts.port)
-    host, port = sock.getsockname()[:2]
-    # uvicorn's own access log would write query strings (and so `?api_key=`): `Accounting`
-    # writes one without them.
-    # limit_concurrency: past it, a new connection gets a 503 at once instead of a task.
-    config = uvicorn.Config(
-        app, log_level="info", access_log=False, timeout_keep_alive=5,
-        limit_concurrency=opts.max_connections, server_header=False,
-    )  # fmt: skip
-    if opts.access_log:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
-    server = uvicorn.Server(config)
-    where = f"[{host}]" if ":" in host else host
-    announce(f"aiayn serve: {model_dir} ({translator.device}) on http://{where}:{port}/")
-    # uvicorn re-raises the SIGTERM it handled once it has drained; a handler that does
-    # nothing turns that into a normal return, so the process exits 0.
-    previous = signal.signal(signal.SIGTERM, lambda _sig, _frame: None)
-    try:
-        server.run(sockets=[sock])
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        sock.close()
-    return {"accepted": app.state.server.accepted, "answered": app.state.server.answered}
