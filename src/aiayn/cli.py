@@ -776,7 +776,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    "the training files' suffixes, e.g. train.en; none = accept any)")  # fmt: skip
     p.add_argument("--target-lang", help="the model's target language code")
     p.add_argument("--examples", type=Path, help="a file of example sentences for the page")
-    p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch (or the export's engine) threads; 0 = its default")  # fmt: skip
     p.add_argument("--no-access-log", action="store_true", help="no line per request")
     _add_device_flag(p)
     _add_dtype_flag(p)
