@@ -22,7 +22,7 @@ from datetime import date
 from pathlib import Path
 
 import httpx
-from serve_load import cpu_name, launch, percentiles
+from serve_load import cpu_name, launch, percentiles, turn_flags
 
 
 async def singles(client: httpx.AsyncClient, lines: list[str], n: int) -> list[float]:
@@ -72,7 +72,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--corpus", type=Path, help="a sentence a line (default MODEL/../data/test.en)")
-    p.add_argument("--chunk-rows", type=int, nargs="+", default=[64, 100_000])
+    p.add_argument("--chunk-rows", type=int, nargs="+", default=[128, 100_000])
     p.add_argument("--clients", type=int, default=16, help="clients sending long requests")
     p.add_argument("--singles", type=int, default=60, help="one-sentence requests timed")
     p.add_argument("--threads", type=int, default=1)
@@ -84,7 +84,7 @@ def main() -> None:
     runs = []
     for rows in args.chunk_rows:
         proc, url = launch(args.model, ["--threads", str(args.threads), "--timeout", "300",
-                                        "--chunk-rows", str(rows)])  # fmt: skip
+                                        *turn_flags(rows)])  # fmt: skip
         try:
             runs.append({"chunk_rows": rows, **asyncio.run(measure(url, short, long, args))})
         finally:

@@ -26,7 +26,7 @@ from datetime import date
 from pathlib import Path
 
 import httpx
-from serve_load import cpu_name, launch
+from serve_load import cpu_name, launch, turn_flags
 
 WORST_LINE = "seven hundred and seventy-seven thousand, seven hundred and seventy-seven " * 11
 
@@ -76,7 +76,7 @@ def send(url: str, method: str, path: str, body, headers: dict, timeout: float =
 
 def one_server(args: argparse.Namespace, chunk_rows: int) -> dict:
     proc, url = launch(args.model, ["--threads", str(args.threads), "--timeout", "120",
-                                    "--chunk-rows", str(chunk_rows)])  # fmt: skip
+                                    *turn_flags(chunk_rows)])  # fmt: skip
     try:
         idle = [send(url, "post", "/v1/translate", {"q": "two"}, {})[1] for _ in range(5)]
         hostile = {name: send(url, m, p, b, h) for name, m, p, b, h in HOSTILE}
@@ -124,7 +124,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--threads", type=int, default=1, help="server torch threads (default 1)")
-    p.add_argument("--chunk-rows", type=int, nargs="+", default=[64, 100_000])
+    p.add_argument("--chunk-rows", type=int, nargs="+", default=[128, 100_000])
     p.add_argument("--worst-clients", type=int, default=4)
     args = p.parse_args()
     runs = [one_server(args, c) for c in args.chunk_rows]

@@ -62,7 +62,15 @@ def make_requests(corpus: list[str], n: int, most: int, seed: int) -> list[list[
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     return launch(args.model, ["--threads", str(args.threads), "--window-ms", str(args.window_ms),
                                "--max-sentences", "64", "--timeout", "120", "--max-queue",
-                               "100000", "--chunk-rows", str(args.chunk_rows)])  # fmt: skip
+                               "100000", *turn_flags(args.chunk_rows)])  # fmt: skip
+
+
+def turn_flags(chunk_rows: int) -> list[str]:
+    """The server's turn size: `--chunk-rows N` with its default --turn-tokens; 100000 or more
+    means one turn per merged batch (the behaviour before turns), for comparison."""
+    if chunk_rows >= 100_000:
+        return ["--chunk-rows", str(chunk_rows), "--turn-tokens", str(10**9)]
+    return ["--chunk-rows", str(chunk_rows)]
 
 
 def launch(model: Path, flags: list[str]) -> tuple[subprocess.Popen, str]:
@@ -147,8 +155,8 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--most", type=int, default=8, help="most sentences per request")
     p.add_argument("--threads", type=int, default=0, help="torch threads, server and in-process")
-    p.add_argument("--chunk-rows", type=int, default=64,
-                   help="the server's search rows per turn (its default 64)")
+    p.add_argument("--chunk-rows", type=int, default=128,
+                   help="the server's search rows per turn (its default 128)")
     p.add_argument("--window-ms", type=float, default=10.0)
     p.add_argument("--sigterm-at", type=int, default=0, help="SIGTERM after this many answers")
     p.add_argument("--seed", type=int, default=0)

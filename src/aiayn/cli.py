@@ -755,9 +755,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="search rows (sentences x beam) of one request (default 512)")  # fmt: skip
     p.add_argument("--max-trace-numbers", type=int, default=2_000_000,
                    help="numbers one /v1/explain trace may hold (default 2000000)")  # fmt: skip
-    p.add_argument("--chunk-rows", type=int, default=64,
+    p.add_argument("--turn-tokens", type=int, default=8192,
+                   help="search rows x their output-length limit in one turn of the model "
+                   "worker (default 8192)")  # fmt: skip
+    p.add_argument("--chunk-rows", type=int, default=128,
                    help="search rows in one turn of the model worker: requests take turns "
-                   "(default 64)")  # fmt: skip
+                   "(default 128)")  # fmt: skip
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="a Host name clients may use besides loopback and --host (repeat; '*' "
                    "= any; a wildcard --host accepts any without it)")  # fmt: skip
@@ -791,7 +794,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         raise AiaynError(f"serve needs the serve extra (pip install -e '.[serve]'): {e}") from None
     positive = ("max_chars_per_request", "max_chars_per_sentence", "max_sentences", "max_beam",
                 "timeout", "batch_tokens", "max_queue", "max_output_tokens", "max_rows",
-                "max_trace_numbers", "chunk_rows", "max_connections")  # fmt: skip
+                "max_trace_numbers", "chunk_rows", "turn_tokens", "max_connections")  # fmt: skip
     for name in positive:
         if getattr(args, name) <= 0:
             raise AiaynError(f"--{name.replace('_', '-')} must be positive")
@@ -811,6 +814,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         args.max_queue, args.source_lang, args.target_lang, args.examples,
         access_log=not args.no_access_log, allowed_hosts=tuple(args.allowed_host),
         cors_origins=tuple(args.cors_origin), chunk_rows=args.chunk_rows,
+        turn_tokens=args.turn_tokens,
         max_connections=args.max_connections,
     )  # fmt: skip
     counts = serve(args.model, opts, device=args.device, dtype=args.dtype, threads=args.threads,

@@ -6,8 +6,9 @@ default) for more, and merges the jobs that share the same search settings into 
 Concurrent requests thus share batches (what makes serving nearly as fast as translating a
 file in one call), while a lone request waits only the window.
 
-Bounded work per turn. A group is cut into chunks of at most `chunk_rows` search rows
-(sentences x beam), and the worker runs one chunk of each active group in turn, taking newly
+Bounded work per turn. A group is cut into chunks whose search rows (sentences x beam) times
+their longest output-length limit fit `turn_tokens`, and of at most `chunk_rows` rows; the
+worker runs one chunk of each active group in turn, taking newly
 queued jobs in between. So a request never waits behind more than one chunk of each request
 ahead of it: a client who sends the largest request the limits allow slows the others down,
 but does not make them wait for all of it. A job is answered as soon as its last chunk is done.
@@ -37,8 +38,11 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from aiayn.config import DecodeConfig
-from aiayn.decode import SearchStoppedError, stop_when
+from aiayn.data import cut_batches
+from aiayn.decode import SearchStoppedError, max_output_lengths, output_cap, stop_when
 from aiayn.translate import Translation, Translator
 
 log = logging.getLogger(__name__)
@@ -122,7 +126,8 @@ class Batcher:
         *,
         window_s: float = 0.01,
         batch_tokens: int = 2048,
-        chunk_rows: int = 64,
+        chunk_rows: int = 128,
+        turn_tokens: int = 8192,
         max_batch_sentences: int = 256,
         max_queue: int = 1000,
         on_batch: Callable[[BatchStats], None] | None = None,
@@ -131,6 +136,7 @@ class Batcher:
         self.window_s = window_s
         self.batch_tokens = batch_tokens
         self.chunk_rows = chunk_rows
+        self.turn_tokens = turn_tokens
         self.max_batch_sentences = max_batch_sentences
         self.max_queue = max_queue
         self.on_batch = on_batch
@@ -227,7 +233,7 @@ class Batcher:
 
     def _groups(self, jobs: list[Job]) -> list[_Group]:
         """Jobs with equal (non-sampling) settings merged, in order of first arrival, each
-        group cut into chunks of at most `chunk_rows` search rows."""
+        group cut into turn-sized chunks (module docstring)."""
         merged: dict[object, list[Job]] = {}
         for i, job in enumerate(jobs):
             alone = job.cfg is None or job.cfg.sample
@@ -243,11 +249,26 @@ class Batcher:
             if not cfg.sample:  # similar lengths share a chunk (less padding), shortest first
                 pairs.sort(key=lambda p: len(jobs[p[0]].lines[p[1]]))
             rows = cfg.nbest if cfg.sample else cfg.beam_size
-            per_chunk = max(1, self.chunk_rows // rows)
-            chunks = deque(pairs[k : k + per_chunk] for k in range(0, len(pairs), per_chunk))
+            limits = self._limits([jobs[j].lines[i] for j, i in pairs], cfg)
+            # cut_batches' rule: a chunk's lines x rows x its longest limit fit the turn's
+            # budget; no limit is counted below turn_tokens / chunk_rows, so a chunk also has
+            # at most chunk_rows rows (a line over the budget alone gets a turn of its own)
+            floor = max(1, self.turn_tokens // max(1, self.chunk_rows))
+            sizes = [rows * max(n, floor) for n in limits]
+            cut = cut_batches(range(len(pairs)), sizes, self.turn_tokens)
+            chunks = deque([pairs[k] for k in batch] for batch in cut)
             chunks = chunks or deque([[]])  # a job without lines is answered in its first turn
         results: list[list[list[Translation]]] = [[[] for _ in job.lines] for job in jobs]
         return _Group(jobs, cfg, chunks, results, [len(job.lines) for job in jobs])
+
+    def _limits(self, lines: list[str], cfg: DecodeConfig) -> list[int]:
+        """Each line's output-length limit (`a * source tokens + b`, within max_tokens and
+        max_len): what a turn may cost, not what it will, since a request may forbid EOS
+        (min_len) up to the limit. Tokenizing here costs microseconds a line."""
+        src = [len(ids) for ids in self.translator.tokenizer.encode_batch(lines)]
+        cap = output_cap(cfg, self.translator.model.cfg.max_len)
+        limits = max_output_lengths(torch.tensor(src), cfg.max_len_a, cfg.max_len_b, cap)
+        return [int(n) for n in limits]
 
     def _turn(self, group: _Group) -> None:
         """Run the group's next chunk; answer every job that is now complete or gone."""
