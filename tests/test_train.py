@@ -479,6 +479,10 @@ def test_fit_total_steps_is_the_step_where_the_budget_runs_out():
     assert fit_total_steps(100, 2.0, 60.0, 600.0, 10**6) == 100 + int(BUDGET_MARGIN * 1080)
     assert fit_total_steps(100, 2.0, 60.0, 600.0, 500) == 500  # max_steps caps it
     assert fit_total_steps(100, 2.0, 700.0, 600.0, 10**6) == 100  # over budget: stop now
+    # a 50 s validation every 100 steps, counted one by one: the 513 s planned for (95% of
+    # 540 s) hold 526 more steps (263 s) and the validations at 200, ..., 600 (250 s)
+    assert round(BUDGET_MARGIN * 540) == 513
+    assert fit_total_steps(100, 2.0, 60.0, 600.0, 10**6, valid_every=100, valid_s=50.0) == 626
 
 
 def test_average_steps_are_evenly_spaced_over_the_last_fifth():
