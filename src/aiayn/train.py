@@ -637,6 +637,11 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.M
         tokenizer = Tokenizer.load(tc.init_from)
     heldout = _hold_out(tc, out, d) if tc.src and not tc.valid_src else None
     tok = prepare_tokenizer(cfg, out, resume, tokenizer, d, heldout)
+    if heldout is not None and d.main and resume is None:
+        # After the tokenizer's barrier: every rank has looked at out_dir (find_resume), so
+        # none can take the files being written for foreign ones.
+        for name, side in zip(HELDOUT_FILES, (0, 1), strict=True):
+            atomic_write_text(out / name, "".join(pair[side] + "\n" for pair in heldout.pairs))
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(  # the vocabulary's size and ids
         cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id,
         eos_id=tok.eos_id))  # fmt: skip
@@ -714,8 +719,9 @@ def _log_data_check(tc: TrainConfig) -> None:
 
 
 def _hold_out(tc: TrainConfig, out: Path, d: Dist) -> Heldout | None:
-    """No validation files: hold a validation set out of the training corpus (`data.hold_out`)
-    and write it into the run directory (rank 0), so that `aiayn evaluate` can use it too."""
+    """No validation files: hold a validation set out of the training corpus (`data.hold_out`;
+    every rank draws the same). `_prepare` writes it into the run directory (rank 0, a fresh
+    run), so that `aiayn evaluate` can use it too."""
     heldout = hold_out(tc.src, tc.tgt or None, tc.seed)
     if not heldout.pairs:
         if d.main:
@@ -723,9 +729,6 @@ def _hold_out(tc: TrainConfig, out: Path, d: Dist) -> Heldout | None:
                         "training without validation", heldout.corpus_lines)  # fmt: skip
         return None
     if d.main:
-        out.mkdir(parents=True, exist_ok=True)
-        for name, side in zip(HELDOUT_FILES, (0, 1), strict=True):
-            atomic_write_text(out / name, "".join(pair[side] + "\n" for pair in heldout.pairs))
         log.info(
             "no validation files: held out %d of %d training pairs (seed %d) as %s and %s in %s",
             len(heldout.pairs), heldout.corpus_lines, tc.seed, *HELDOUT_FILES, out,
