@@ -447,6 +447,33 @@ def test_torchrun_resume_is_bit_identical(corpus, tmp_path):
         assert torch.equal(a[name], b[name]), name
 
 
+def test_torchrun_two_ranks_fit_a_budget_on_a_held_out_validation_set(corpus, tmp_path):
+    """2 CPU ranks, two files, a 6-second budget: both ranks hold out the same validation set,
+    rank 0's speed fixes (and re-fits) the schedule for both, the checks' collectives line up
+    (no hang), and the averaged model gets its alpha."""
+    import subprocess
+    import sys
+
+    sets = {"train.src": corpus["train.src"], "train.tgt": corpus["train.tgt"],
+            "train.out_dir": tmp_path / "run", "train.lr_schedule": "cosine_budget",
+            "train.lr": 1e-3, "train.warmup_steps": 1000, "train.max_minutes": 0.1,
+            "train.max_steps": 10**6, "train.valid_every": 25, "train.bleu_samples": 5,
+            "train.average_last": 3, "decode.beam_size": 2}  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "aiayn", "train", "--config", str(CONFIGS / "tiny_copy.toml"), "--no-progress",
+           "--device", "cpu", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = tmp_path / "run"
+    assert json.loads((run / "run_config.json").read_text())["heldout_valid"]["pairs"] == 20
+    state = json.loads((list_checkpoints(run)[-1] / "train_state.json").read_text())
+    assert 0 < state["fit_step"] < state["total_steps"]
+    if "stopped (total_steps)" in proc.stdout:  # a busy machine may overrun the last steps
+        assert state["step"] == state["total_steps"]
+        assert "alpha_choice" in json.loads((run / "averaged" / "run_config.json").read_text())
+
+
 def test_early_stopping_after_patience_validations_without_improvement(corpus, tok, tmp_path):
     # A zero learning rate: the validation loss can never improve after the first validation.
     over = {"train.lr_schedule": "constant", "train.lr": 0.0, "train.valid_every": 5,
@@ -479,6 +506,10 @@ def test_fit_total_steps_is_the_step_where_the_budget_runs_out():
     assert fit_total_steps(100, 2.0, 60.0, 600.0, 10**6) == 100 + int(BUDGET_MARGIN * 1080)
     assert fit_total_steps(100, 2.0, 60.0, 600.0, 500) == 500  # max_steps caps it
     assert fit_total_steps(100, 2.0, 700.0, 600.0, 10**6) == 100  # over budget: stop now
+    # a 50 s validation every 100 steps, counted one by one: the 513 s planned for (95% of
+    # 540 s) hold 526 more steps (263 s) and the validations at 200, ..., 600 (250 s)
+    assert round(BUDGET_MARGIN * 540) == 513
+    assert fit_total_steps(100, 2.0, 60.0, 600.0, 10**6, valid_every=100, valid_s=50.0) == 626
 
 
 def test_average_steps_are_evenly_spaced_over_the_last_fifth():

@@ -198,22 +198,42 @@ AVERAGE_SPAN = 0.2  # averaged checkpoints are spread over the last 20% of the s
 
 
 def fit_total_steps(
-    step: int, steps_per_s: float, elapsed_s: float, budget_s: float, max_steps: int
+    step: int,
+    steps_per_s: float,
+    elapsed_s: float,
+    budget_s: float,
+    max_steps: int,
+    valid_every: int = 0,
+    valid_s: float = 0.0,
 ) -> int:
     """The step at which a run going at `steps_per_s` uses up its budget (with a margin).
 
     Args:
         step: optimizer steps done so far.
-        steps_per_s: measured speed, validation and saving included.
+        steps_per_s: measured speed of the steps themselves.
         elapsed_s: wall-clock seconds used so far (of every session of the run).
         budget_s: the whole budget (train.max_minutes * 60).
         max_steps: a cap (train.max_steps).
+        valid_every, valid_s: a validation every `valid_every` steps costs `valid_s` seconds
+            (0: not counted; the margin covers it).
     Returns:
-        step + margin * (budget_s - elapsed_s) * steps_per_s, within [step, max_steps].
+        The last step whose steps and validations from `step` on fit in margin * (budget_s -
+        elapsed_s), within [step, max_steps].
     """
-    left_s = max(budget_s - elapsed_s, 0.0)
-    total = step + int(BUDGET_MARGIN * left_s * steps_per_s)
-    return max(step, min(total, max_steps))
+    left_s = BUDGET_MARGIN * max(budget_s - elapsed_s, 0.0)
+    step_s = 1.0 / max(steps_per_s, 1e-9)
+
+    def cost(total: int) -> float:  # the validations counted one by one: they come in lumps
+        n_valid = total // valid_every - step // valid_every if valid_every > 0 else 0
+        return (total - step) * step_s + n_valid * valid_s
+
+    spread = step_s + (valid_s / valid_every if valid_every > 0 else 0.0)
+    total = min(step + int(left_s / spread), max_steps)
+    while total > step and cost(total) > left_s:
+        total -= 1
+    while total < max_steps and cost(total + 1) <= left_s:
+        total += 1
+    return max(step, total)
 
 
 def fit_warmup_end(total_steps: int, warmup: int, fit_step: int = 0) -> int:
@@ -403,8 +423,13 @@ class _Run:
         self.last_saved = state.step
         self.last_validated = state.step
         self.first_step = state.step  # where this session started (a resume, or 0)
-        self.fit_mark: tuple[int, float] | None = None  # (step, elapsed) where speed is measured
-        self.refit_mark: tuple[int, float] | None = None  # the same, for re-fitting the total
+        # Where the speed is measured from, for the fit and then for re-fits: (step, elapsed,
+        # aside_s); validations and saves (aside_s, this session's seconds) are taken out of
+        # the steps' speed and counted on their own (valid_cost: in-loop validations, seconds)
+        self.fit_mark: tuple[int, float, float] | None = None
+        self.refit_mark: tuple[int, float, float] | None = None
+        self.aside_s = 0.0
+        self.valid_cost = (0, 0.0)
 
     def elapsed(self) -> float:
         return self.elapsed0 + time.monotonic() - self.t_start
@@ -612,6 +637,11 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[_Run, torch.nn.M
         tokenizer = Tokenizer.load(tc.init_from)
     heldout = _hold_out(tc, out, d) if tc.src and not tc.valid_src else None
     tok = prepare_tokenizer(cfg, out, resume, tokenizer, d, heldout)
+    if heldout is not None and d.main and resume is None:
+        # After the tokenizer's barrier: every rank has looked at out_dir (find_resume), so
+        # none can take the files being written for foreign ones.
+        for name, side in zip(HELDOUT_FILES, (0, 1), strict=True):
+            atomic_write_text(out / name, "".join(pair[side] + "\n" for pair in heldout.pairs))
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(  # the vocabulary's size and ids
         cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id,
         eos_id=tok.eos_id))  # fmt: skip
@@ -689,8 +719,9 @@ def _log_data_check(tc: TrainConfig) -> None:
 
 
 def _hold_out(tc: TrainConfig, out: Path, d: Dist) -> Heldout | None:
-    """No validation files: hold a validation set out of the training corpus (`data.hold_out`)
-    and write it into the run directory (rank 0), so that `aiayn evaluate` can use it too."""
+    """No validation files: hold a validation set out of the training corpus (`data.hold_out`;
+    every rank draws the same). `_prepare` writes it into the run directory (rank 0, a fresh
+    run), so that `aiayn evaluate` can use it too."""
     heldout = hold_out(tc.src, tc.tgt or None, tc.seed)
     if not heldout.pairs:
         if d.main:
@@ -698,9 +729,6 @@ def _hold_out(tc: TrainConfig, out: Path, d: Dist) -> Heldout | None:
                         "training without validation", heldout.corpus_lines)  # fmt: skip
         return None
     if d.main:
-        out.mkdir(parents=True, exist_ok=True)
-        for name, side in zip(HELDOUT_FILES, (0, 1), strict=True):
-            atomic_write_text(out / name, "".join(pair[side] + "\n" for pair in heldout.pairs))
         log.info(
             "no validation files: held out %d of %d training pairs (seed %d) as %s and %s in %s",
             len(heldout.pairs), heldout.corpus_lines, tc.seed, *HELDOUT_FILES, out,
@@ -750,11 +778,15 @@ def _loop(run: _Run, net: torch.nn.Module, progress: bool) -> str:
             due = (
                 state.step % tc.valid_every == 0 if tc.valid_every > 0 else state.epoch != epoch
             )  # valid_every = 0: at the end of each epoch
-            if run.data.valid and due and run.validate():
-                stopped = "early_stopping"
+            if run.data.valid and due:
+                if run.validate():
+                    stopped = "early_stopping"
+                n, seconds = run.valid_cost
+                run.valid_cost = (n + 1, seconds + time.monotonic() - t_aside)
             if run.save_due():
                 run.save()
             run.window_t += time.monotonic() - t_aside
+            run.aside_s += time.monotonic() - t_aside
             if stopped:
                 break
     return stopped
@@ -766,9 +798,10 @@ def _fit_budget(run: _Run) -> bool:
     the warmup, at most WARMUP_SHARE of that total.
 
     The speed is measured from the session's second step (the first pays one-off costs) while
-    the rate warms up, over valid_every steps, so one validation's cost is in it, or over
-    FIT_SHARE of the budget if that comes first (at least FIT_MIN_STEPS steps, unless twice
-    that share has passed). Rank 0's figures decide for every rank.
+    the rate warms up, over valid_every steps, or over FIT_SHARE of the budget if that comes
+    first (at least FIT_MIN_STEPS steps, unless twice that share has passed). Validating and
+    saving are taken out of the steps' speed; the validations still due are planned for at
+    their measured cost (`_speed`). Rank 0's figures decide for every rank.
     """
     tc, st, d = run.tc, run.state, run.d
     if tc.max_minutes <= 0:
@@ -777,25 +810,39 @@ def _fit_budget(run: _Run) -> bool:
     if st.step <= run.first_step:
         return False
     if run.fit_mark is None:
-        run.fit_mark = (st.step, run.elapsed())
+        run.fit_mark = _mark(run)
         return False
     steps, seconds = st.step - run.fit_mark[0], run.elapsed() - run.fit_mark[1]
     budget_s = 60 * tc.max_minutes
     due = (steps >= FIT_MIN_STEPS and (steps >= tc.valid_every or seconds >= FIT_SHARE * budget_s)
            ) or (steps >= 1 and seconds >= 2 * FIT_SHARE * budget_s)  # fmt: skip
-    mine = [float(due), steps / max(seconds, 1e-9), run.elapsed()] if d.main else [0.0] * 3
-    any_due, rate, elapsed = all_sum(mine, d)
+    mine = [float(due), *_speed(run, run.fit_mark)] if d.main else [0.0] * 4
+    any_due, rate, valid_s, elapsed = all_sum(mine, d)
     if not any_due:
         return False
-    _fix_plan(run, fit_total_steps(st.step, rate, elapsed, budget_s, tc.max_steps))
+    _fix_plan(run, fit_total_steps(st.step, rate, elapsed, budget_s, tc.max_steps,
+                                   tc.valid_every, valid_s))  # fmt: skip
     if d.main:
         log.info(
-            "%.3g steps/s over steps %d-%d: warmup to step %d, the schedule ends at step %d "
-            "(%.1f of %.1f minutes used); averaging the checkpoints of steps %s",
-            rate, run.fit_mark[0], st.step, st.warmup_end, st.total_steps, elapsed / 60,
-            tc.max_minutes, run.planned_averages() or "none",
+            "%.3g steps/s over steps %d-%d (%.1f s per validation): warmup to step %d, the "
+            "schedule ends at step %d (%.1f of %.1f minutes used); averaging the checkpoints "
+            "of steps %s", rate, run.fit_mark[0], st.step, valid_s, st.warmup_end,
+            st.total_steps, elapsed / 60, tc.max_minutes, run.planned_averages() or "none",
         )  # fmt: skip
     return True
+
+
+def _mark(run: _Run) -> tuple[int, float, float]:
+    return run.state.step, run.elapsed(), run.aside_s
+
+
+def _speed(run: _Run, mark: tuple[int, float, float]) -> list[float]:
+    """Steps per second since `mark`, validating and saving taken out; seconds per
+    validation so far in this session (0 before the first); elapsed seconds."""
+    steps = run.state.step - mark[0]
+    seconds = run.elapsed() - mark[1] - (run.aside_s - mark[2])
+    n, valid_total = run.valid_cost
+    return [steps / max(seconds, 1e-9), valid_total / max(n, 1), run.elapsed()]
 
 
 def _fix_plan(run: _Run, total: int) -> None:
@@ -803,7 +850,7 @@ def _fix_plan(run: _Run, total: int) -> None:
     st = run.state
     st.total_steps, st.fit_step = total, st.step
     st.warmup_end = fit_warmup_end(total, run.tc.warmup_steps, st.step)
-    run.refit_mark = (st.step, run.elapsed())
+    run.refit_mark = _mark(run)
 
 
 def _refit_budget(run: _Run) -> bool:
@@ -822,12 +869,12 @@ def _refit_budget(run: _Run) -> bool:
         return False
     if run.refit_mark is None:  # a resumed session: measure from its second step
         if st.step > run.first_step:
-            run.refit_mark = (st.step, run.elapsed())
+            run.refit_mark = _mark(run)
         return False
     every = max(FIT_MIN_STEPS, int(REFIT_SHARE * (st.total_steps - st.fit_step)))
     planned = run.planned_averages()
     start = cosine_start(run.plan(), tc.warmup_steps)
-    mark_step, mark_s = run.refit_mark
+    mark_step = run.refit_mark[0]
     if (
         st.step - mark_step < every
         or (st.step - st.fit_step) % every
@@ -835,21 +882,20 @@ def _refit_budget(run: _Run) -> bool:
         or (planned and st.step >= planned[0])
     ):
         return False
-    seconds = run.elapsed() - mark_s
-    mine = [(st.step - mark_step) / max(seconds, 1e-9), run.elapsed()] if d.main else [0.0, 0.0]
-    rate, elapsed = all_sum(mine, d)
-    total = fit_total_steps(st.step, rate, elapsed, 60 * tc.max_minutes, tc.max_steps)
+    rate, valid_s, elapsed = all_sum(_speed(run, run.refit_mark) if d.main else [0.0] * 3, d)
+    total = fit_total_steps(st.step, rate, elapsed, 60 * tc.max_minutes, tc.max_steps,
+                            tc.valid_every, valid_s)  # fmt: skip
     if abs(total - st.total_steps) <= REFIT_TOLERANCE * st.total_steps:
         return False
     progress = run.plan().progress(st.step, start)
     old = st.total_steps
     st.total_steps, st.refit_step, st.refit_progress = total, st.step, progress
-    run.refit_mark = (st.step, run.elapsed())
+    run.refit_mark = _mark(run)
     if d.main:
         log.info(
-            "%.3g steps/s over steps %d-%d: the schedule now ends at step %d, not %d; "
-            "averaging the checkpoints of steps %s",
-            rate, mark_step, st.step, total, old, run.planned_averages() or "none",
+            "%.3g steps/s over steps %d-%d (%.1f s per validation): the schedule now ends at "
+            "step %d, not %d; averaging the checkpoints of steps %s",
+            rate, mark_step, st.step, valid_s, total, old, run.planned_averages() or "none",
         )  # fmt: skip
     return True
 
