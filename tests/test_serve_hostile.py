@@ -215,3 +215,16 @@ def test_languages_are_real_language_codes(tmp_path):
         assert langs(f"train.{a}", f"train.{b}") is None, (a, b)
     assert langs("train.de", "train.en") == ("de", "en")
     assert langs("corpus.sr-Latn", "corpus.yue") == ("sr-Latn", "yue")
+
+
+def test_a_two_file_runs_held_out_sentences_are_the_pages_examples(tmp_path):
+    from aiayn.serve_requests import example_sentences
+
+    run = tmp_path / "run"
+    (run / "averaged").mkdir(parents=True)
+    (run / "heldout_valid.src").write_text("held out one\nheld out two\n")
+    record = {"train": {"src": "a.en", "tgt": "a.de"},
+              "heldout_valid": {"src": "heldout_valid.src", "tgt": "heldout_valid.tgt"}}
+    for where in (run, run / "averaged"):  # the run directory, or its averaged model
+        (where / "run_config.json").write_text(json.dumps(record))
+        assert example_sentences(where, None) == ["held out one", "held out two"]

@@ -93,12 +93,18 @@ def model_languages(directory: Path) -> tuple[str, str] | None:
 
 def example_sentences(directory: Path, given: Path | None, n: int = 12) -> list[str]:
     """Sentences for the page's picker: `given`, else the run's validation sources (found as
-    recorded or as `../data/valid.*` beside the model, the quick start's layout)."""
+    recorded, as `../data/valid.*` beside the model (the quick start's layout), or the
+    validation set a two-file run held out)."""
     candidates = [given] if given else []
-    train = read_run_config(directory).get("train", {})
+    config = read_run_config(directory)
+    train = config.get("train", {})
     valid = str(train.get("valid_src", "") or "") if isinstance(train, dict) else ""
     if valid:
         candidates += [Path(valid), directory.parent / "data" / Path(valid).name]
+    heldout = config.get("heldout_valid", {})  # a two-file run's own validation set
+    if isinstance(heldout, dict) and heldout.get("src"):
+        name = str(heldout["src"])  # relative to the run directory (`averaged/` is inside it)
+        candidates += [directory / name, directory.parent / name]
     for path in candidates:
         with contextlib.suppress(OSError, UnicodeDecodeError):
             lines = path.read_text(encoding="utf-8").splitlines()
