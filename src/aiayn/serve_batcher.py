@@ -238,7 +238,15 @@ class Batcher:
         for i, job in enumerate(jobs):
             alone = job.cfg is None or job.cfg.sample
             merged.setdefault(("alone", i) if alone else job.cfg, []).append(job)
-        return [self._group(js) for js in merged.values()]
+        groups = []
+        for js in merged.values():
+            try:
+                groups.append(self._group(js))
+            except Exception as e:  # (tokenizing for the turn budget) answer, keep the worker
+                log.exception("model worker")
+                for job in js:
+                    _settle(job.future, error=e)
+        return groups
 
     def _group(self, jobs: list[Job]) -> _Group:
         cfg = jobs[0].cfg
