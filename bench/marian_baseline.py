@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import random
 import sys
 import time
@@ -38,22 +37,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from multi30k_epoch import cpu_name  # one CPU-name probe for the bench scripts
 
 from aiayn.data import Example, batch_plan, collate, encode_pairs, read_parallel
 from aiayn.device import Precision, choose_precision
 from aiayn.metrics import bleu
 from aiayn.tokenizer import Tokenizer
 from aiayn.train import inverse_sqrt_lr
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def build_model(tok: Tokenizer, args: argparse.Namespace) -> torch.nn.Module:

@@ -13,8 +13,9 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "marian_baseline.py"
 
 
-def test_marian_baseline_trains_validates_and_scores(tmp_path, capsys):
+def test_marian_baseline_trains_validates_and_scores(tmp_path, capsys, monkeypatch):
     pytest.importorskip("transformers", reason="the baseline needs transformers (.[bench])")
+    monkeypatch.syspath_prepend(str(BENCH.parent))  # as `python bench/...` runs it: its siblings
     spec = importlib.util.spec_from_file_location("marian_baseline", BENCH)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -53,12 +53,7 @@ def choose(chromium, select: str, value: str) -> None:
 
 
 def test_glass_box_page_in_headless_chromium(chromium, server, tmp_path):
-    for domain in ("Runtime", "Log", "Page", "Network"):
-        chromium.send(f"{domain}.enable")
-    chromium.send("Emulation.setDeviceMetricsOverride", width=1400, height=1000,
-                  deviceScaleFactor=1, mobile=False)  # fmt: skip
-    chromium.send("Page.navigate", url=server.url + "/")
-    chromium.wait_for("Page.loadEventFired")
+    open_page(chromium, server)
     wait_js(chromium, "document.getElementById('layer').options.length")
     assert chromium.js("document.getElementById('head').options.length") == 5  # mean + 4 heads
     wait_js(chromium, "document.querySelectorAll('#cells rect').length")  # the first example
