@@ -282,8 +282,7 @@ def source_ids(model: Transformer, tok: Tokenizer, sentence: str) -> list[int]:
     if len(ids) > limit:
         log.warning("the sentence has %d tokens, more than the model's max_len=%d; explaining "
                     "only its first %d tokens", len(ids) - 1, limit, limit - 1)  # fmt: skip
-        ids = [*ids[: limit - 1], tok.eos_id]
-    return ids
+    return tok.cut(ids, limit)
 
 
 def _decode_config(cfg: DecodeConfig | None, max_len: int | None, **fields: object) -> DecodeConfig:

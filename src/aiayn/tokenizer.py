@@ -119,6 +119,11 @@ class Tokenizer(ABC):
         (only a MarianTokenizer splits the two sides differently)."""
         return self.encode_batch([text], bos=bos, eos=eos, side=side)[0]
 
+    def cut(self, ids: list[int], max_len: int) -> list[int]:
+        """A source `ids` (ending in EOS) that fits `max_len` positions: unchanged, or its
+        first max_len - 1 tokens and EOS (what translate and explain feed a model)."""
+        return ids if len(ids) <= max_len else [*ids[: max_len - 1], self.eos_id]
+
     @abstractmethod
     def encode_batch(
         self, texts: Sequence[str], *, bos: bool = False, eos: bool = True, side: Side = "source"

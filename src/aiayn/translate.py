@@ -237,7 +237,7 @@ class Translator:
             limit,
             limit - 1,
         )
-        return [*ids[: limit - 1], self.tokenizer.eos_id]
+        return self.tokenizer.cut(ids, limit)
 
     def _pad(self, rows: list[list[int]]) -> torch.Tensor:
         return pad_rows(rows, self.model.cfg.pad_id).to(self.device)
