@@ -18,7 +18,7 @@ import time
 
 from num2words import num2words
 
-from aiayn.synthetic import split_pools, synth_pairs, synth_values
+from aiayn.text.synthetic import split_pools, synth_pairs, synth_values
 
 
 def main() -> None:

@@ -44,8 +44,8 @@ import device_info
 import torch
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig, ModelConfig
-from aiayn.decode import beam_search, greedy_search
-from aiayn.model import Transformer
+from aiayn.nn.model import Transformer
+from aiayn.search.decode import beam_search, greedy_search
 
 
 @dataclass(frozen=True)

@@ -37,16 +37,16 @@ from typing import Any
 
 import torch
 
-from aiayn.checkpoint import load_model_dir
 from aiayn.config import DecodeConfig
-from aiayn.data import pad_rows
-from aiayn.engines import load_translator
-from aiayn.export_ct2 import export_ctranslate2
-from aiayn.export_onnx import export_onnx
-from aiayn.metrics import bleu
-from aiayn.model import Transformer
-from aiayn.tokenizer import Tokenizer
-from aiayn.translate import Translator, read_file_lines
+from aiayn.interop.engines import load_translator
+from aiayn.interop.export_ct2 import export_ctranslate2
+from aiayn.interop.export_onnx import export_onnx
+from aiayn.nn.model import Transformer
+from aiayn.store.checkpoint import load_model_dir
+from aiayn.text.data import pad_rows
+from aiayn.text.tokenizer import Tokenizer
+from aiayn.translate.metrics import bleu
+from aiayn.translate.translator import Translator, read_file_lines
 
 sys.path.insert(0, str(Path(__file__).parent))
 

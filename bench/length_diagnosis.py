@@ -40,12 +40,12 @@ from pathlib import Path
 
 import torch
 
-from aiayn import decode
 from aiayn.config import DecodeConfig
-from aiayn.data import Example, collate
-from aiayn.decode import Hypothesis, length_penalty
-from aiayn.metrics import bleu
-from aiayn.translate import Translator, read_file_lines
+from aiayn.search import decode
+from aiayn.search.settings import Hypothesis, length_penalty
+from aiayn.text.data import Example, collate
+from aiayn.translate.metrics import bleu
+from aiayn.translate.translator import Translator, read_file_lines
 
 EOS_KEYS = ("p_eos_before_end", "eos_argmax_before_end", "p_eos_at_end")
 

@@ -5,7 +5,7 @@ threads as an aiayn run, so that every claim against it is re-run with one comma
 
 - aiayn's joint SentencePiece tokenizer (`--tokenizer RUN_DIR` reuses an aiayn run's, else one
   of `--vocab-size` pieces is trained on the training text as `aiayn train` would);
-- aiayn's batches: `aiayn.data.batch_plan`, padded size <= `--max-tokens`, pairs over
+- aiayn's batches: `aiayn.text.data.batch_plan`, padded size <= `--max-tokens`, pairs over
   `--max-len` tokens dropped, shuffled per epoch;
 - `MarianConfig` at its defaults (GELU FFN, no embedding scaling, dropout 0.1, HF's init with
   std 0.02) but for the size (d_model 256, 4 heads, 3+3 layers, FFN 1024) and the vocabulary's
@@ -39,11 +39,11 @@ import torch
 import torch.nn.functional as F
 from multi30k_epoch import cpu_name  # one CPU-name probe for the bench scripts
 
-from aiayn.data import Example, batch_plan, collate, encode_pairs, read_parallel
-from aiayn.device import Precision, choose_precision
-from aiayn.metrics import bleu
-from aiayn.tokenizer import Tokenizer
-from aiayn.train import inverse_sqrt_lr
+from aiayn.runtime.device import Precision, choose_precision
+from aiayn.text.data import Example, batch_plan, collate, encode_pairs, read_parallel
+from aiayn.text.tokenizer import Tokenizer
+from aiayn.training.train import inverse_sqrt_lr
+from aiayn.translate.metrics import bleu
 
 
 def build_model(tok: Tokenizer, args: argparse.Namespace) -> torch.nn.Module:

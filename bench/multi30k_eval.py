@@ -27,7 +27,7 @@ from pathlib import Path
 import sacrebleu
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
-from aiayn.translate import Translator
+from aiayn.translate.translator import Translator
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 TESTS = ("test_2016_flickr", "test_2017_flickr")

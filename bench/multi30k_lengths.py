@@ -23,7 +23,7 @@ import sacrebleu
 import torch
 from multi30k_eval import DATA, moses_lc_tok, read  # bench/, next to this script
 
-from aiayn.translate import Translator
+from aiayn.translate.translator import Translator
 
 
 def main() -> None:

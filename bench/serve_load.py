@@ -155,8 +155,12 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--most", type=int, default=8, help="most sentences per request")
     p.add_argument("--threads", type=int, default=0, help="torch threads, server and in-process")
-    p.add_argument("--chunk-rows", type=int, default=128,
-                   help="the server's search rows per turn (its default 128)")
+    p.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=128,
+        help="the server's search rows per turn (its default 128)",
+    )
     p.add_argument("--window-ms", type=float, default=10.0)
     p.add_argument("--sigterm-at", type=int, default=0, help="SIGTERM after this many answers")
     p.add_argument("--seed", type=int, default=0)
@@ -190,9 +194,9 @@ def main() -> None:
     # In-process, after the server has gone: the same sentences in one call.
     import torch
 
-    from aiayn.engines import load_translator
-    from aiayn.export_dir import is_export_dir
-    from aiayn.translate import Translator
+    from aiayn.interop.engines import load_translator
+    from aiayn.interop.export_dir import is_export_dir
+    from aiayn.translate.translator import Translator
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import torch
 
-from aiayn.checkpoint import load_model_dir
 from aiayn.config import TrainConfig
-from aiayn.data import encode_pairs, read_parallel
-from aiayn.device import choose_precision
-from aiayn.distributed import init_distributed
-from aiayn.model import Transformer
-from aiayn.tokenizer import Tokenizer
-from aiayn.train import validate
+from aiayn.nn.model import Transformer
+from aiayn.runtime.device import choose_precision
+from aiayn.runtime.distributed import init_distributed
+from aiayn.store.checkpoint import load_model_dir
+from aiayn.text.data import encode_pairs, read_parallel
+from aiayn.text.tokenizer import Tokenizer
+from aiayn.training.train import validate
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ import argparse
 
 import torch
 
-from aiayn.attention import self_attention_unparameterised
+from aiayn.nn.attention import self_attention_unparameterised
 
 WORDS = ["the", "cat", "walks", "on", "the", "street"]
 # Hand-made 4-dim embeddings: [thing, action, place, function word]. In a real model these are

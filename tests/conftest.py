@@ -65,9 +65,9 @@ def served_model_dir(tmp_path_factory):
     a few steps), with its run config: what `aiayn serve` tests run on."""
     import dataclasses
 
-    from aiayn.quickstart import quickstart_config
-    from aiayn.synthetic import write_corpus
-    from aiayn.train import train
+    from aiayn.cli.quickstart import quickstart_config
+    from aiayn.text.synthetic import write_corpus
+    from aiayn.training.train import train
 
     out = tmp_path_factory.mktemp("served")
     data = out / "data"

@@ -8,7 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from aiayn.checkpoint import (
+from aiayn.cli.main import main
+from aiayn.errors import CheckpointError, ConfigError
+from aiayn.nn.model import Transformer
+from aiayn.store.checkpoint import (
     list_checkpoints,
     load_checkpoint_state,
     load_model_dir,
@@ -21,9 +24,6 @@ from aiayn.checkpoint import (
     save_tensors,
     write_average,
 )
-from aiayn.cli import main
-from aiayn.errors import CheckpointError, ConfigError
-from aiayn.model import Transformer
 
 
 def _step(model: Transformer, opt: torch.optim.Optimizer, seed: int) -> None:
@@ -75,7 +75,10 @@ def test_checkpoints_are_whole_listed_in_order_and_pruned(tiny_cfg, tmp_path):
         save_checkpoint(tmp_path, model, opt, {**state, "step": step}, {"torch": torch.zeros(3)})
     (tmp_path / "checkpoints" / ".tmp_step_00000025").mkdir()  # a save killed half way
     assert [p.name for p in list_checkpoints(tmp_path)] == [
-        "step_00000005", "step_00000010", "step_00000015", "step_00000020"
+        "step_00000005",
+        "step_00000010",
+        "step_00000015",
+        "step_00000020",
     ]
     prune_checkpoints(tmp_path, 2)
     kept = list_checkpoints(tmp_path)
@@ -122,7 +125,7 @@ def test_average_is_the_elementwise_mean(tiny_cfg, tmp_path):
 
 
 def test_average_is_written_whole_or_not_at_all(tiny_cfg, tmp_path, monkeypatch):
-    import aiayn.checkpoint as ckpt
+    import aiayn.store.checkpoint as ckpt
 
     dirs = []
     for seed in range(2):
@@ -153,13 +156,38 @@ def test_cli_average_last_k_of_a_run(tiny_cfg, tmp_path, capsys):
     model, opt = _model_and_opt(tiny_cfg)
     for step in (1, 2, 3):
         _step(model, opt, step)
-        save_checkpoint(tmp_path / "run", model, opt,
-                        {"step": step, "epoch": 0, "batch_in_epoch": 0}, {})
-    assert main(["average", "--run", str(tmp_path / "run"), "--last", "2",
-                 "--out", str(tmp_path / "avg")]) == 0
+        save_checkpoint(
+            tmp_path / "run", model, opt, {"step": step, "epoch": 0, "batch_in_epoch": 0}, {}
+        )
+    assert (
+        main(
+            [
+                "average",
+                "--run",
+                str(tmp_path / "run"),
+                "--last",
+                "2",
+                "--out",
+                str(tmp_path / "avg"),
+            ]
+        )
+        == 0
+    )
     assert "step_00000002, step_00000003" in capsys.readouterr().out
-    assert main(["average", "--run", str(tmp_path / "run"), "--last", "9",
-                 "--out", str(tmp_path / "avg2")]) == 2
+    assert (
+        main(
+            [
+                "average",
+                "--run",
+                str(tmp_path / "run"),
+                "--last",
+                "9",
+                "--out",
+                str(tmp_path / "avg2"),
+            ]
+        )
+        == 2
+    )
     assert "has 3 checkpoints" in capsys.readouterr().err
     for last in ("0", "-2"):  # not "every checkpoint" nor a slice from the wrong end
         assert main(["average", "--run", str(tmp_path / "run"), "--last", last,

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from aiayn.config import Config, ModelConfig, apply_overrides, load_config
-from aiayn.decode import check_decode_config
 from aiayn.errors import ConfigError
-from aiayn.train import check_recipe
+from aiayn.search.settings import check_decode_config
+from aiayn.training.train import check_recipe
 
 
 def test_presets_and_frozen():

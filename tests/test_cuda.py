@@ -19,10 +19,10 @@ from test_model import copy_layer, layer_cfg, random_batch
 from test_train import CONFIGS, tiny, write_copy_corpus
 from torch import nn
 
-from aiayn.checkpoint import list_checkpoints, load_tensors
-from aiayn.cli import main
-from aiayn.model import Transformer
-from aiayn.train import train
+from aiayn.cli.main import main
+from aiayn.nn.model import Transformer
+from aiayn.store.checkpoint import list_checkpoints, load_tensors
+from aiayn.training.train import train
 
 pytestmark = pytest.mark.cuda
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -123,8 +123,26 @@ def test_translate_on_the_gpu_prints_the_cpu_lines(corpus, tmp_path):
         lines = {}
         for device in ("cpu", "cuda"):
             hyp = tmp_path / f"{device}{beam}.txt"
-            assert main(["translate", "--model", str(out), "--input", str(src), "--output",
-                         str(hyp), "--device", device, "--dtype", "fp32", "--beam", beam]) == 0
+            assert (
+                main(
+                    [
+                        "translate",
+                        "--model",
+                        str(out),
+                        "--input",
+                        str(src),
+                        "--output",
+                        str(hyp),
+                        "--device",
+                        device,
+                        "--dtype",
+                        "fp32",
+                        "--beam",
+                        beam,
+                    ]
+                )
+                == 0
+            )
             lines[device] = hyp.read_text().splitlines()
         assert lines["cuda"] == lines["cpu"]
 

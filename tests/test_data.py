@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID
-from aiayn.data import (
+from aiayn.errors import DataError
+from aiayn.text.data import (
     MAX_LINE_CHARS,
     DataStats,
     Example,
@@ -21,8 +22,7 @@ from aiayn.data import (
     padding_efficiency,
     read_parallel,
 )
-from aiayn.errors import DataError
-from aiayn.tokenizer import Tokenizer
+from aiayn.text.tokenizer import Tokenizer
 
 
 def write(path, text: str | bytes):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.cli import main
-from aiayn.data_check import KINDS, check_corpus, fits_script, language_of, normalise
+from aiayn.cli.main import main
+from aiayn.text.check import KINDS, check_corpus, fits_script, language_of, normalise
 
 ANIMALS = ["cat", "dog", "bird", "horse", "cow", "fish", "mouse", "goat"]
 TIERE = ["Katze", "Hund", "Vogel", "Pferd", "Kuh", "Fisch", "Maus", "Ziege"]
@@ -38,8 +38,10 @@ def write_pairs(directory: Path, stem: str, pairs: list[tuple[str, str]]) -> tup
 # pairs that overlap the training corpus.
 PLANTED = {
     "duplicates": ("The cat number 0 sits on the mat.", "Die Katze Nummer 0 sitzt auf dem Matte."),
-    "near_duplicates": ("the CAT number 1 sits on the chair", "die Katze Nummer 1 sitzt auf "
-                        "dem Stuhl!!"),
+    "near_duplicates": (
+        "the CAT number 1 sits on the chair",
+        "die Katze Nummer 1 sitzt auf dem Stuhl!!",
+    ),
     "copies": ("Hello there, my friend.", "Hello there, my friend."),
     "empty": ("A sentence with no translation.", "   "),
     "control": ("A bell\x07 rings here.", "Eine Glocke läutet hier."),
@@ -57,10 +59,14 @@ def planted(tmp_path):
         pairs.append(pair)
         where[kind] = len(pairs)
     train = write_pairs(tmp_path, "train", pairs)
-    valid_pairs = [("The cat number 2 sits on the table.", "Die Katze Nummer 2 sitzt auf dem "
-                    "Tisch."),  # the training pair of line 3: overlap
-                   ("The dog number 5 sits on the mat.", "Ganz anders übersetzt."),  # source only
-                   ("A new sentence for validation only.", "Ein neuer Satz nur zur Validierung.")]
+    valid_pairs = [
+        (
+            "The cat number 2 sits on the table.",
+            "Die Katze Nummer 2 sitzt auf dem Tisch.",
+        ),  # the training pair of line 3: overlap
+        ("The dog number 5 sits on the mat.", "Ganz anders übersetzt."),  # source only
+        ("A new sentence for validation only.", "Ein neuer Satz nur zur Validierung."),
+    ]
     valid = write_pairs(tmp_path, "valid", valid_pairs)
     return train, valid, where
 

@@ -14,23 +14,19 @@ from hypothesis import strategies as st
 from torch import nn
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig, ModelConfig
-from aiayn.decode import (
+from aiayn.errors import ConfigError
+from aiayn.nn.kv_cache import KVCache, Memory
+from aiayn.nn.model import Transformer
+from aiayn.search.decode import beam_search, greedy_decode, greedy_search, sample_search, search
+from aiayn.search.settings import (
     Hypothesis,
-    StepView,
-    beam_search,
-    greedy_decode,
-    greedy_search,
     length_penalty,
     max_output_lengths,
-    sample_search,
     sample_seed,
-    search,
     top_k_filter,
     top_p_filter,
 )
-from aiayn.errors import ConfigError
-from aiayn.kv_cache import KVCache, Memory
-from aiayn.model import Transformer
+from aiayn.search.views import StepView
 
 A, B_, C = 4, 5, 6  # the fake model's word ids
 V_FAKE = 7

@@ -1,4 +1,4 @@
-"""aiayn.device: which device and precision a run gets, and the CPU side of GPU training
+"""aiayn.runtime.device: which device and precision a run gets, and the CPU side of GPU training
 (the reduce's tensor device, saved RNG states, bad --device / dtype input on every command)."""
 
 from __future__ import annotations
@@ -12,18 +12,18 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from aiayn.cli import main
+from aiayn.cli.main import main
 from aiayn.config import load_config
-from aiayn.device import (
+from aiayn.errors import ConfigError
+from aiayn.runtime.device import (
     DeviceError,
     choose_precision,
     cpu_native_bf16,
     native_bf16,
     resolve_device,
 )
-from aiayn.distributed import Dist, all_sum, reduce_tensor
-from aiayn.errors import ConfigError
-from aiayn.train import train
+from aiayn.runtime.distributed import Dist, all_sum, reduce_tensor
+from aiayn.training.train import train
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 CPU = torch.device("cpu")
@@ -36,8 +36,13 @@ NO_GPU = not torch.cuda.is_available()
 def test_cpu_and_auto_resolve():
     assert resolve_device("cpu") == CPU
     assert resolve_device(" CPU ") == CPU
-    expected = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() \
+    expected = (
+        "cuda"
+        if torch.cuda.is_available()
+        else "mps"
+        if torch.backends.mps.is_available()
         else "cpu"
+    )
     assert resolve_device("auto").type == expected
 
 
@@ -91,7 +96,7 @@ def test_decoding_on_a_cpu_stays_fp32_and_explicit_choices_are_honoured():
 
 @pytest.mark.skipif(cpu_native_bf16(), reason="this CPU has native bf16: no warning is due")
 def test_bf16_on_a_cpu_without_native_bf16_warns_in_one_line(caplog):
-    with caplog.at_level(logging.WARNING, logger="aiayn.device"):
+    with caplog.at_level(logging.WARNING, logger="aiayn.runtime.device"):
         choose_precision("bf16", CPU, "train.dtype")
     (record,) = caplog.records
     assert "much slower" in record.getMessage() and "\n" not in record.getMessage()
@@ -133,7 +138,7 @@ def _copy_corpus(tmp_path: Path) -> list[str]:
 
 
 def test_checkpoints_hold_the_rng_states_of_the_device_trained_on(tmp_path):
-    from aiayn.checkpoint import list_checkpoints, load_tensors
+    from aiayn.store.checkpoint import list_checkpoints, load_tensors
 
     cfg = load_config(CONFIGS / "tiny_copy.toml", [
         *_copy_corpus(tmp_path), f"train.out_dir={tmp_path / 'run'}", "train.max_steps=2",
@@ -149,7 +154,7 @@ def test_checkpoints_hold_the_rng_states_of_the_device_trained_on(tmp_path):
 
 def test_a_run_saved_with_a_gpu_generator_resumes_on_the_cpu(tmp_path, caplog):
     """Saved on a GPU, resumed on a CPU: same weights and data position, a note in the log."""
-    from aiayn.checkpoint import list_checkpoints, load_tensors, save_tensors
+    from aiayn.store.checkpoint import list_checkpoints, load_tensors, save_tensors
 
     sets = [*_copy_corpus(tmp_path), f"train.out_dir={tmp_path / 'run'}", "train.device=cpu",
             "train.vocab_size=280"]  # fmt: skip
@@ -158,7 +163,7 @@ def test_a_run_saved_with_a_gpu_generator_resumes_on_the_cpu(tmp_path, caplog):
     tensors = load_tensors(ckpt / "optimizer.safetensors")  # add what a GPU run also saves
     tensors["rng.cuda"] = torch.zeros(16, dtype=torch.uint8)
     save_tensors(ckpt / "optimizer.safetensors", tensors)
-    with caplog.at_level(logging.INFO, logger="aiayn.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="aiayn.store.checkpoint"):
         result = train(load_config(CONFIGS / "tiny_copy.toml", [*sets, "train.max_steps=4"]),
                        progress=False)  # fmt: skip
     assert result.step == 4
@@ -180,8 +185,19 @@ def _one_line_error(capsys, code: int) -> str:
 def test_train_with_a_device_that_is_not_here_creates_nothing(tmp_path, capsys, device):
     out = tmp_path / "run"
     sets = [a for s in _copy_corpus(tmp_path) for a in ("--set", s)]
-    code = main(["train", "--config", str(CONFIGS / "tiny_copy.toml"), *sets,
-                 "--set", f"train.out_dir={out}", "--device", device, "--no-progress"])
+    code = main(
+        [
+            "train",
+            "--config",
+            str(CONFIGS / "tiny_copy.toml"),
+            *sets,
+            "--set",
+            f"train.out_dir={out}",
+            "--device",
+            device,
+            "--no-progress",
+        ]
+    )
     assert "device" in _one_line_error(capsys, code) and not out.exists()
 
 
@@ -189,8 +205,18 @@ def test_train_with_a_device_that_is_not_here_creates_nothing(tmp_path, capsys, 
 def test_train_with_a_dtype_it_cannot_use_creates_nothing(tmp_path, capsys, dtype):
     out = tmp_path / "run"
     sets = [a for s in _copy_corpus(tmp_path) for a in ("--set", s)]
-    code = main(["train", "--config", str(CONFIGS / "tiny_copy.toml"), *sets,
-                 "--set", f"train.out_dir={out}", "--set", f"train.dtype={dtype}"])
+    code = main(
+        [
+            "train",
+            "--config",
+            str(CONFIGS / "tiny_copy.toml"),
+            *sets,
+            "--set",
+            f"train.out_dir={out}",
+            "--set",
+            f"train.dtype={dtype}",
+        ]
+    )
     assert "train.dtype" in _one_line_error(capsys, code) and not out.exists()
 
 
@@ -214,10 +240,10 @@ def test_every_command_refuses_a_missing_gpu_in_one_line(tmp_path, capsys, comma
 
 def test_translate_on_the_cpu_with_an_explicit_dtype(tmp_path, capsys):
     """--device cpu --dtype fp32 and --dtype auto translate the same (auto is fp32 on a CPU)."""
-    from aiayn.checkpoint import save_model_dir
     from aiayn.config import ModelConfig
-    from aiayn.model import Transformer
-    from aiayn.tokenizer import Tokenizer
+    from aiayn.nn.model import Transformer
+    from aiayn.store.checkpoint import save_model_dir
+    from aiayn.text.tokenizer import Tokenizer
 
     lines = [f"{a} {b} {a}" for a in "abcdef" for b in "ghijkl"]
     tok = Tokenizer.train(lines, vocab_size=280)

@@ -15,17 +15,17 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aiayn.checkpoint import load_model_dir, save_model_dir
-from aiayn.cli import main
+from aiayn.cli.main import main
 from aiayn.config import EOS_ID, DecodeConfig, ModelConfig
-from aiayn.decode import beam_search, greedy_decode
 from aiayn.errors import AiaynError
-from aiayn.explain import explain, stable_name, trace_beam
-from aiayn.explain_render import View, parse_indices, to_html, to_json, to_text
-from aiayn.explain_seed import seed_example_json, seed_example_text
-from aiayn.model import Transformer
-from aiayn.tokenizer import Tokenizer
-from aiayn.translate import Translator, one_line, translate_to
+from aiayn.glassbox.explain import explain, stable_name, trace_beam
+from aiayn.glassbox.render import View, parse_indices, to_html, to_json, to_text
+from aiayn.glassbox.seed import seed_example_json, seed_example_text
+from aiayn.nn.model import Transformer
+from aiayn.search.decode import beam_search, greedy_decode
+from aiayn.store.checkpoint import load_model_dir, save_model_dir
+from aiayn.text.tokenizer import Tokenizer
+from aiayn.translate.translator import Translator, one_line, translate_to
 
 WORDS = "the cat dog sees a small big red house tree runs walks on under street garden".split()  # noqa: SIM905
 SENTENCE = "the cat sees a red house"
@@ -223,7 +223,7 @@ def test_json_has_each_steps_logits_and_probs_at_the_top(trace):
 
 
 def test_logits_count_against_the_trace_budget(loaded):
-    from aiayn.tracing import TraceTooLargeError
+    from aiayn.nn.tracing import TraceTooLargeError
 
     model, tok = loaded
     V = model.cfg.vocab_size

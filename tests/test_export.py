@@ -20,24 +20,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.checkpoint import save_model_dir
-from aiayn.cli import main
+from aiayn.cli.main import main
 from aiayn.config import DecodeConfig, ModelConfig
-from aiayn.data import pad_rows
 from aiayn.errors import ConfigError
-from aiayn.metrics import bleu
-from aiayn.model import Transformer
-from aiayn.tokenizer import Tokenizer
-from aiayn.translate import Translator
-from aiayn.variants import DecoderLM
+from aiayn.nn.model import Transformer
+from aiayn.nn.variants import DecoderLM
+from aiayn.store.checkpoint import save_model_dir
+from aiayn.text.data import pad_rows
+from aiayn.text.tokenizer import Tokenizer
+from aiayn.translate.metrics import bleu
+from aiayn.translate.translator import Translator
 
 ct2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (aiayn[export])")
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (aiayn[export])")
 pytest.importorskip("onnxscript", reason="onnxscript is not installed (aiayn[export])")
 
-from aiayn.engines import Ct2Translator, OnnxTranslator, load_translator  # noqa: E402
-from aiayn.export_ct2 import check_expressible, export_ctranslate2  # noqa: E402
-from aiayn.export_onnx import OnnxModel, export_onnx  # noqa: E402
+from aiayn.interop.engines import Ct2Translator, OnnxTranslator, load_translator  # noqa: E402
+from aiayn.interop.export_ct2 import check_expressible, export_ctranslate2  # noqa: E402
+from aiayn.interop.export_onnx import OnnxModel, export_onnx  # noqa: E402
 
 # A toy language pair: each source word has one target word; the order is reversed.
 LEXICON = {
@@ -231,7 +231,7 @@ def onnx_export(trained: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
 
 
 def test_onnx_logits_within_1e_4_of_aiayns(trained: dict[str, Path], onnx_export: Path):
-    from aiayn.checkpoint import load_model_dir
+    from aiayn.store.checkpoint import load_model_dir
 
     model = load_model_dir(trained[OTHER], expect=Transformer)
     graphs = OnnxModel(onnx_export, model.cfg, threads=1)
@@ -404,12 +404,12 @@ def test_an_imported_marian_model_exports_to_both_engines(tmp_path: Path) -> Non
     from test_marian import SOURCES as DE_SOURCES
     from test_marian import make_marian_dir
 
-    from aiayn.marian import import_marian
+    from aiayn.interop.marian import import_marian
 
     import_marian(make_marian_dir(tmp_path / "hf"), tmp_path / "imported")
     model_dir = tmp_path / "imported"
     tok = Tokenizer.load(model_dir)
-    from aiayn.checkpoint import load_model_dir
+    from aiayn.store.checkpoint import load_model_dir
 
     model = load_model_dir(model_dir, expect=Transformer)
     cfg = DecodeConfig(beam_size=4, alpha=0.6, max_len_a=0.0, max_len_b=12)

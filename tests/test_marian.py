@@ -14,15 +14,15 @@ from safetensors.torch import load_file, save_file
 from transformers import MarianConfig, MarianMTModel
 from transformers import MarianTokenizer as HFMarianTokenizer
 
-from aiayn.checkpoint import load_model_dir
-from aiayn.cli import main
+from aiayn.cli.main import main
 from aiayn.config import DecodeConfig
-from aiayn.data import encode_pairs, pad_rows
-from aiayn.decode import beam_search, greedy_search
 from aiayn.errors import CheckpointError
-from aiayn.marian import import_marian
-from aiayn.model import Transformer
-from aiayn.tokenizer import MarianTokenizer, Tokenizer
+from aiayn.interop.marian import import_marian
+from aiayn.nn.model import Transformer
+from aiayn.search.decode import beam_search, greedy_search
+from aiayn.store.checkpoint import load_model_dir
+from aiayn.text.data import encode_pairs, pad_rows
+from aiayn.text.tokenizer import MarianTokenizer, Tokenizer
 
 SRC_WORDS = ["ein", "eine", "der", "die", "das", "Mann", "Frau", "Hund", "Katze", "läuft",
              "spielt", "schläft", "im", "Park", "auf", "Straße", "schnell", "langsam", "rot",

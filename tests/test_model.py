@@ -11,23 +11,23 @@ from hypothesis import strategies as st
 from torch import nn
 
 from aiayn import reference
-from aiayn.attention import (
+from aiayn.config import ModelConfig
+from aiayn.errors import ConfigError
+from aiayn.nn.attention import (
     MultiHeadAttention,
     attention,
     fused_attention,
     self_attention_unparameterised,
 )
-from aiayn.config import ModelConfig
-from aiayn.errors import ConfigError
-from aiayn.model import (
+from aiayn.nn.model import (
     AttentionMaps,
     DecoderLayer,
     EncoderLayer,
     Transformer,
     count_parameters,
 )
-from aiayn.tracing import tracing
-from aiayn.variants import DecoderLM, EncoderClassifier
+from aiayn.nn.tracing import tracing
+from aiayn.nn.variants import DecoderLM, EncoderClassifier
 
 TOL = dict(rtol=1e-5, atol=1e-5)  # fp32 parity
 
@@ -261,7 +261,7 @@ def test_model_matches_numpy_reference(tiny_cfg, overrides):
 
 @pytest.mark.parametrize("layout", ["interleaved", "halves"])
 def test_reference_positional_encoding_matches_model(layout):
-    from aiayn.model import sinusoidal_positions
+    from aiayn.nn.model import sinusoidal_positions
 
     np.testing.assert_allclose(
         sinusoidal_positions(50, 12, layout).double().numpy(),
@@ -271,7 +271,7 @@ def test_reference_positional_encoding_matches_model(layout):
 
 
 def test_halves_layout_is_the_interleaved_table_with_its_columns_permuted():
-    from aiayn.model import sinusoidal_positions
+    from aiayn.nn.model import sinusoidal_positions
 
     inter, halves = sinusoidal_positions(40, 16), sinusoidal_positions(40, 16, "halves")
     torch.testing.assert_close(halves[:, :8], inter[:, 0::2], rtol=0, atol=0)
@@ -528,7 +528,7 @@ def test_beam_style_reorders_in_inference_mode_match_full_forward(tiny_cfg):
 
 
 def test_linear_fast_path_matches_and_sees_weight_updates():
-    from aiayn.attention import Linear
+    from aiayn.nn.attention import Linear
 
     torch.manual_seed(17)
     lin = Linear(16, 24)

@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
-from aiayn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model_dir, save_model_dir
-from aiayn.cli import main
+from aiayn.cli.main import main
 from aiayn.errors import CheckpointError
-from aiayn.model import Transformer
-from aiayn.variants import MODEL_CLASSES, DecoderLM, EncoderClassifier
+from aiayn.nn.model import Transformer
+from aiayn.nn.variants import MODEL_CLASSES, DecoderLM, EncoderClassifier
+from aiayn.store.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model_dir, save_model_dir
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The inline Jupyter views (aiayn.notebook): self-contained HTML (no script, no network) whose
+"""The inline Jupyter views (aiayn.glassbox.notebook): self-contained HTML (no script, no network) whose
 cells hold the traced numbers, and every stage of one position's forward pass."""
 
 import re
@@ -7,9 +7,15 @@ import pytest
 import torch
 
 from aiayn.config import DecodeConfig
-from aiayn.explain import explain, trace_beam
-from aiayn.explain_seed import seed_example_json
-from aiayn.notebook import AttentionView, BeamView, ForwardPassView, MatrixView, SeedExampleView
+from aiayn.glassbox.explain import explain, trace_beam
+from aiayn.glassbox.notebook import (
+    AttentionView,
+    BeamView,
+    ForwardPassView,
+    MatrixView,
+    SeedExampleView,
+)
+from aiayn.glassbox.seed import seed_example_json
 
 CELL = re.compile(r'data-name="([^"]+)" data-r="(\d+)" data-c="(\d+)" data-v="([^"]+)"')
 
@@ -18,8 +24,8 @@ CELL = re.compile(r'data-name="([^"]+)" data-r="(\d+)" data-c="(\d+)" data-v="([
 def ex(tmp_path_factory):
     from test_explain import SENTENCE, make_model_dir
 
-    from aiayn.checkpoint import load_model_dir
-    from aiayn.tokenizer import Tokenizer
+    from aiayn.store.checkpoint import load_model_dir
+    from aiayn.text.tokenizer import Tokenizer
 
     path = make_model_dir(tmp_path_factory.mktemp("model"), eos_boost=4.0)
     model, tok = load_model_dir(path), Tokenizer.load(path)

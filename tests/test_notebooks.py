@@ -27,14 +27,22 @@ EXPECTED = {
     "01_parameter_free_self_attention": ["permutation equivariant: True; both 'the' rows equal"],
     "02_dot_product_recommender": ["held-out RMSE", "subspace cosines"],
     "03_qkv_and_multi_head": ["all equal to the module's, head by head", "<svg"],
-    "04_positions": ["PE(pos + 3) = PE(pos) rotated, for every one of the 16 pairs",
-                     "seed 003 is wrong here"],
+    "04_positions": [
+        "PE(pos + 3) = PE(pos) rotated, for every one of the 16 pairs",
+        "seed 003 is wrong here",
+    ],
     "05_random_transformer_number_by_number": [
-        "the hand computation equals the model's replay", 'data-label="Q1 @ K1.T"',
-        'data-label="seed 004 K"'],
+        "the hand computation equals the model's replay",
+        'data-label="Q1 @ K1.T"',
+        'data-label="seed 004 K"',
+    ],
     "06_train_the_quick_start": ["training loss", "forty-two ->"],
-    "07_looking_inside": ["named intermediates", "cross attention, layer 1, head mean",
-                          "0 (ReLU)", "step 0 chose"],
+    "07_looking_inside": [
+        "named intermediates",
+        "cross attention, layer 1, head mean",
+        "0 (ReLU)",
+        "step 0 chose",
+    ],
     "08_beam_search": ["beam search output:", 'class="finished"'],
 }
 

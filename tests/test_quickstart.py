@@ -6,8 +6,8 @@ docs/benchmarks.md. Here the training budget is seconds, so only the plumbing is
 
 import json
 
-from aiayn.cli import main
-from aiayn.translate import Translator
+from aiayn.cli.main import main
+from aiayn.translate.translator import Translator
 
 
 def test_quickstart_writes_metrics_picture_and_a_usable_model(tmp_path, capsys):

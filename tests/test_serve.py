@@ -19,10 +19,10 @@ import httpx
 import torch
 from serving import ServerProcess
 
-from aiayn.cli import main
+from aiayn.cli.main import main
 from aiayn.errors import CheckpointError
-from aiayn.serve_batcher import Batcher, ExpiredError, Job
-from aiayn.translate import Translator
+from aiayn.serve.batcher import Batcher, ExpiredError, Job
+from aiayn.translate.translator import Translator
 
 SENTENCES = ["forty-two", "seven hundred and one", "three thousand and nine", "eleven",
              "one hundred and twenty-three", "ninety", "five thousand, six hundred",
@@ -351,7 +351,8 @@ def test_no_languages_timeout_and_disconnect(served_model_dir, tmp_path):
         assert 'aiayn_dropped_requests_total{reason="disconnected"} 1.0' in metrics
         assert 'aiayn_dropped_requests_total{reason="timeout"}' in metrics
         assert "aiayn_sentences_total 0.0" in metrics, [  # nothing was decoded for anybody
-            line for line in metrics.splitlines() if line.startswith("aiayn_")]
+            line for line in metrics.splitlines() if line.startswith("aiayn_")
+        ]
     finally:
         code, _, err = s.stop()
     assert code == 0, err
@@ -432,7 +433,7 @@ def test_non_loopback_needs_a_key_and_bad_flags_are_one_line(served_model_dir, c
 
 
 def test_languages_come_from_the_training_files_suffixes(tmp_path):
-    from aiayn.serve_requests import model_languages
+    from aiayn.serve.requests import model_languages
 
     def langs(src, tgt):
         (tmp_path / "run_config.json").write_text(json.dumps({"train": {"src": src, "tgt": tgt}}))

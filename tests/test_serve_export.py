@@ -12,15 +12,15 @@ import httpx
 import torch
 from serving import ServerProcess
 
-from aiayn.engines import load_translator
+from aiayn.interop.engines import load_translator
 
 LINES = ["forty-two", "seven hundred and one", "eleven", "three thousand and nine"]
 
 
 @pytest.fixture(scope="module")
 def exports(served_model_dir, tmp_path_factory):
-    from aiayn.export_ct2 import export_ctranslate2
-    from aiayn.export_onnx import export_onnx
+    from aiayn.interop.export_ct2 import export_ctranslate2
+    from aiayn.interop.export_onnx import export_onnx
 
     root = tmp_path_factory.mktemp("exports")
     return {"ctranslate2": export_ctranslate2(served_model_dir, root / "ct2", "int8"),

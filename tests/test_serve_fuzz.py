@@ -37,8 +37,10 @@ def fuzz(model_dir, tmp_path, examples: int, *flags: str) -> dict:
     assert "Traceback" not in err, err[-4000:]  # the server logged no unexpected error
     result = json.loads(report.read_text())
     cases = result["test_cases"]
-    print(f"schemathesis: {cases['generated']} cases, {cases['with_failures']} failing, "
-          f"{result['running_time']:.0f} s")  # shown with pytest -s (the figure docs quote)
+    print(
+        f"schemathesis: {cases['generated']} cases, {cases['with_failures']} failing, "
+        f"{result['running_time']:.0f} s"
+    )  # shown with pytest -s (the figure docs quote)
     return result
 
 

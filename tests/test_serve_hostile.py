@@ -205,7 +205,7 @@ def test_the_key_never_reaches_the_log(served_model_dir):
 
 
 def test_languages_are_real_language_codes(tmp_path):
-    from aiayn.serve_requests import model_languages
+    from aiayn.serve.requests import model_languages
 
     def langs(src, tgt):
         (tmp_path / "run_config.json").write_text(json.dumps({"train": {"src": src, "tgt": tgt}}))
@@ -218,13 +218,15 @@ def test_languages_are_real_language_codes(tmp_path):
 
 
 def test_a_two_file_runs_held_out_sentences_are_the_pages_examples(tmp_path):
-    from aiayn.serve_requests import example_sentences
+    from aiayn.serve.requests import example_sentences
 
     run = tmp_path / "run"
     (run / "averaged").mkdir(parents=True)
     (run / "heldout_valid.src").write_text("held out one\nheld out two\n")
-    record = {"train": {"src": "a.en", "tgt": "a.de"},
-              "heldout_valid": {"src": "heldout_valid.src", "tgt": "heldout_valid.tgt"}}
+    record = {
+        "train": {"src": "a.en", "tgt": "a.de"},
+        "heldout_valid": {"src": "heldout_valid.src", "tgt": "heldout_valid.tgt"},
+    }
     for where in (run, run / "averaged"):  # the run directory, or its averaged model
         (where / "run_config.json").write_text(json.dumps(record))
         assert example_sentences(where, None) == ["held out one", "held out two"]

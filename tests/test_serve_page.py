@@ -169,7 +169,7 @@ def head_or_none(name: str, head: int) -> bool:
 
 def test_forward_pass_view_shows_every_stage_with_the_traces_numbers(chromium, server, tmp_path,
                                                                      served_model_dir):  # fmt: skip
-    from aiayn.explain_render import View, explain_report
+    from aiayn.glassbox.render import View, explain_report
 
     open_page(chromium, server)
     q = chromium.js("document.getElementById('src').value")
@@ -298,7 +298,7 @@ def test_seed_example_on_the_page_has_every_number_of_the_worked_example(chromiu
 
 
 def test_seed_endpoint_needs_the_key_and_the_schema_names_stack(served_model_dir):
-    from aiayn.explain_seed import seed_example_json
+    from aiayn.glassbox.seed import seed_example_json
 
     s = ServerProcess(served_model_dir, "--api-key", "k3y")
     try:

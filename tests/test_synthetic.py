@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from num2words import num2words
 
-from aiayn.cli import main
-from aiayn.data import DataStats, read_parallel
+from aiayn.cli.main import main
 from aiayn.errors import DataError
-from aiayn.synthetic import (
+from aiayn.text.data import DataStats, read_parallel
+from aiayn.text.synthetic import (
     DATE_WIDTHS,
     FIRST_DATE,
     LANGUAGES,

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from aiayn.errors import CheckpointError, DataError
-from aiayn.tokenizer import TOKENIZER_FILE, Tokenizer
+from aiayn.text.tokenizer import TOKENIZER_FILE, Tokenizer
 
 CORPUS = [
     "Ein Mann fährt Fahrrad auf der Straße.",

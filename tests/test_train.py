@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiayn.checkpoint import list_checkpoints, load_model_dir, load_tensors
 from aiayn.config import PAD_ID, TrainConfig, load_config
 from aiayn.errors import CheckpointError
-from aiayn.tokenizer import Tokenizer
-from aiayn.train import (
+from aiayn.store.checkpoint import list_checkpoints, load_model_dir, load_tensors
+from aiayn.text.tokenizer import Tokenizer
+from aiayn.training.train import (
     BudgetPlan,
     cosine_lr,
     inverse_sqrt_lr,
@@ -44,8 +44,9 @@ def test_loss_equals_torch_cross_entropy(seed, eps, n):
     logits_NV = torch.randn(n, 11, generator=g) * 3
     target_N = torch.randint(0, 11, (n,), generator=g)  # includes PAD_ID = 0 sometimes
     loss, nll = label_smoothed_loss(logits_NV, target_N, eps, PAD_ID)
-    ref = F.cross_entropy(logits_NV, target_N, label_smoothing=eps, ignore_index=PAD_ID,
-                          reduction="sum")
+    ref = F.cross_entropy(
+        logits_NV, target_N, label_smoothing=eps, ignore_index=PAD_ID, reduction="sum"
+    )
     ref_nll = F.cross_entropy(logits_NV, target_N, ignore_index=PAD_ID, reduction="sum")
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-5)
@@ -121,9 +122,19 @@ def tiny(corpus: dict[str, str], out: Path, **over: object):
 
 def test_copy_task_learns_and_writes_a_model_directory(corpus, tmp_path):
     out = tmp_path / "run"
-    result = train(tiny(corpus, out, **{"train.max_steps": 240, "train.valid_every": 80,
-                                        "train.bleu_samples": 20, "train.best_metric": "bleu"}),
-                   progress=False)
+    result = train(
+        tiny(
+            corpus,
+            out,
+            **{
+                "train.max_steps": 240,
+                "train.valid_every": 80,
+                "train.bleu_samples": 20,
+                "train.best_metric": "bleu",
+            },
+        ),
+        progress=False,
+    )
     assert result.stopped == "max_steps" and result.step == 240
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train_recs = [r for r in records if "loss" in r]
@@ -180,19 +191,22 @@ def test_train_runs_the_data_check_and_says_what_it_found(corpus, tok, tmp_path,
     40 training pairs: the log says so, once per run (not again on resume)."""
     import logging
 
-    from aiayn.data_check import check_corpus
+    from aiayn.text.check import check_corpus
 
-    expected = check_corpus(corpus["train.src"], corpus["train.tgt"],
-                            {"valid": (corpus["train.valid_src"], corpus["train.valid_tgt"])})
+    expected = check_corpus(
+        corpus["train.src"],
+        corpus["train.tgt"],
+        {"valid": (corpus["train.valid_src"], corpus["train.valid_tgt"])},
+    )
     assert expected.counts["copies"] == 400 and expected.counts["overlap"] == 40
-    with caplog.at_level(logging.INFO, logger="aiayn.train"):
+    with caplog.at_level(logging.INFO, logger="aiayn.training.train"):
         train(tiny(corpus, tmp_path / "run", **{"train.max_steps": 2}), tokenizer=tok,
               progress=False)  # fmt: skip
     found = [r.getMessage() for r in caplog.records if "data check" in r.getMessage()]
     assert len(found) == 1 and found[0].startswith(f"data check: {expected.summary()} (")
     assert "aiayn data check --src" in found[0]
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="aiayn.train"):
+    with caplog.at_level(logging.INFO, logger="aiayn.training.train"):
         train(tiny(corpus, tmp_path / "run", **{"train.max_steps": 3}), progress=False)
     assert not [r for r in caplog.records if "data check" in r.getMessage()]
 
@@ -200,13 +214,18 @@ def test_train_runs_the_data_check_and_says_what_it_found(corpus, tok, tmp_path,
 def test_resume_is_bit_identical(corpus, tok, tmp_path):
     """2N steps straight == N steps, stop, resume, N more (dropout on, so RNG state matters)."""
     over = {"train.valid_every": 10, "train.save_every": 7, "train.log_every": 5}
-    straight = train(tiny(corpus, tmp_path / "a", **over, **{"train.max_steps": 30}),
-                     tokenizer=tok, progress=False)
-    first = train(tiny(corpus, tmp_path / "b", **over, **{"train.max_steps": 15}),
-                  tokenizer=tok, progress=False)
+    straight = train(
+        tiny(corpus, tmp_path / "a", **over, **{"train.max_steps": 30}),
+        tokenizer=tok,
+        progress=False,
+    )
+    first = train(
+        tiny(corpus, tmp_path / "b", **over, **{"train.max_steps": 15}),
+        tokenizer=tok,
+        progress=False,
+    )
     assert first.step == 15
-    second = train(tiny(corpus, tmp_path / "b", **over, **{"train.max_steps": 30}),
-                   progress=False)
+    second = train(tiny(corpus, tmp_path / "b", **over, **{"train.max_steps": 30}), progress=False)
     assert straight.step == second.step == 30
     a = load_tensors(list_checkpoints(tmp_path / "a")[-1] / "model.safetensors")
     b = load_tensors(list_checkpoints(tmp_path / "b")[-1] / "model.safetensors")
@@ -230,8 +249,7 @@ def test_refuses_foreign_dirs_incompatible_configs_and_corrupt_checkpoints(corpu
     with pytest.raises(CheckpointError, match=r"model.d_model was 32, now 48"):
         train(tiny(corpus, out, **{"train.max_steps": 8, "model.d_model": 48}), progress=False)
     with pytest.raises(CheckpointError, match=r"train.max_tokens was 256"):
-        train(tiny(corpus, out, **{"train.max_steps": 8, "train.max_tokens": 512}),
-              progress=False)
+        train(tiny(corpus, out, **{"train.max_steps": 8, "train.max_tokens": 512}), progress=False)
     last = list_checkpoints(out)[-1]
     (last / "optimizer.safetensors").write_bytes(b"garbage")
     before[last / "optimizer.safetensors"] = b"garbage"
@@ -262,8 +280,10 @@ def test_resume_follows_moved_data_and_refuses_edited_data(corpus, tok, tmp_path
         train(tiny(new_paths, out, **{"train.max_steps": 12}), progress=False)
 
 
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                    reason="torch.compile on CPU needs a C++ compiler (g++)")
+@pytest.mark.skipif(
+    shutil.which("g++") is None and shutil.which("c++") is None,
+    reason="torch.compile on CPU needs a C++ compiler (g++)",
+)
 def test_torch_compile_trains_the_same_steps(corpus, tok, tmp_path):
     """`train.compile = true` (torch.compile, inductor on CPU) follows the eager run's losses
     without dropout, and its run directory is an ordinary model directory. ~20 s of compiling."""
@@ -272,8 +292,11 @@ def test_torch_compile_trains_the_same_steps(corpus, tok, tmp_path):
     over = {"train.max_steps": 12, "train.log_every": 4, "model.dropout": 0.0}
     counters.clear()
     eager = train(tiny(corpus, tmp_path / "eager", **over), tokenizer=tok, progress=False)
-    compiled = train(tiny(corpus, tmp_path / "compiled", **over, **{"train.compile": True}),
-                     tokenizer=tok, progress=False)
+    compiled = train(
+        tiny(corpus, tmp_path / "compiled", **over, **{"train.compile": True}),
+        tokenizer=tok,
+        progress=False,
+    )
     assert compiled.step == eager.step == 12
     assert not counters["graph_break"], dict(counters["graph_break"])  # one graph, no breaks
     losses = [_losses(tmp_path / name) for name in ("eager", "compiled")]
@@ -316,20 +339,40 @@ def test_torchrun_two_ranks_match_one_process_with_the_same_global_batch(corpus,
     sets = {**corpus, "train.max_steps": 6, "train.log_every": 1, "model.dropout": 0.0}
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     # CPU ranks on purpose (gloo): on a GPU machine "auto" would pick NCCL and one GPU per rank.
-    base = ["-m", "aiayn", "train", "--config", str(CONFIGS / "tiny_copy.toml"), "--no-progress",
-            "--device", "cpu"]
+    base = [
+        "-m",
+        "aiayn",
+        "train",
+        "--config",
+        str(CONFIGS / "tiny_copy.toml"),
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    ddp = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           *base]
+    ddp = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        *base,
+    ]
     for cmd, out, extra in (
         (ddp, tmp_path / "ddp", []),
         ([sys.executable, *base], tmp_path / "single", ["--set", "train.accum_steps=2"]),
     ):
-        proc = subprocess.run([*cmd, *args, "--set", f"train.out_dir={out}", *extra],
-                              env=env, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [*cmd, *args, "--set", f"train.out_dir={out}", *extra],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "ddp" / "tokenizer.model").read_bytes() == (
-        tmp_path / "single" / "tokenizer.model").read_bytes()
+        tmp_path / "single" / "tokenizer.model"
+    ).read_bytes()
     ddp_losses, single_losses = _losses(tmp_path / "ddp"), _losses(tmp_path / "single")
     assert len(ddp_losses) == len(single_losses) == 6
     assert ddp_losses[-1] < ddp_losses[0]
@@ -342,26 +385,45 @@ def test_torchrun_two_ranks_match_one_process_with_the_same_global_batch(corpus,
 
 def test_bf16_autocast_and_validation_at_each_epoch_end(corpus, tok, tmp_path):
     out = tmp_path / "run"
-    result = train(tiny(corpus, out, **{"train.dtype": "bf16", "train.max_steps": 1000,
-                                        "train.max_epochs": 2, "train.valid_every": 0}),
-                   tokenizer=tok, progress=False)
+    result = train(
+        tiny(
+            corpus,
+            out,
+            **{
+                "train.dtype": "bf16",
+                "train.max_steps": 1000,
+                "train.max_epochs": 2,
+                "train.valid_every": 0,
+            },
+        ),
+        tokenizer=tok,
+        progress=False,
+    )
     assert result.stopped == "max_epochs" and result.step == 20  # 10 batches per epoch
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     valid = [r for r in records if "valid_loss" in r]
-    assert [r["step"] for r in valid] == [10, 20] and all(math.isfinite(r["valid_loss"])
-                                                          for r in valid)
+    assert [r["step"] for r in valid] == [10, 20] and all(
+        math.isfinite(r["valid_loss"]) for r in valid
+    )
 
 
 def test_cli_train_runs_and_bad_input_is_one_line(corpus, tmp_path, capsys):
-    from aiayn.cli import main
+    from aiayn.cli.main import main
 
     base = ["train", "--config", str(CONFIGS / "tiny_copy.toml"), "--no-progress"]
     sets = [a for k, v in corpus.items() for a in ("--set", f"{k}={v}")]
     out = tmp_path / "run"
     assert main([*base, *sets, "--set", f"train.out_dir={out}", "--set", "train.max_steps=3"]) == 0
     assert "stopped (max_steps) at step 3" in capsys.readouterr().out
-    bad = [*base, "--set", f"train.src={tmp_path / 'missing.de'}", "--set",
-           f"train.tgt={tmp_path / 'missing.en'}", "--set", f"train.out_dir={tmp_path / 'x'}"]
+    bad = [
+        *base,
+        "--set",
+        f"train.src={tmp_path / 'missing.de'}",
+        "--set",
+        f"train.tgt={tmp_path / 'missing.en'}",
+        "--set",
+        f"train.out_dir={tmp_path / 'x'}",
+    ]
     assert main(bad) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "corpus file not found" in err
@@ -380,10 +442,23 @@ def test_kill_9_during_frequent_saves_leaves_a_resumable_run(corpus, tmp_path):
     import time
 
     out = tmp_path / "run"
-    sets = {**corpus, "train.out_dir": out, "train.max_steps": 100000, "train.save_every": 1,
-            "train.keep_last": 2}
-    cmd = [sys.executable, "-m", "aiayn", "train", "--config", str(CONFIGS / "tiny_copy.toml"),
-           "--no-progress", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+    sets = {
+        **corpus,
+        "train.out_dir": out,
+        "train.max_steps": 100000,
+        "train.save_every": 1,
+        "train.keep_last": 2,
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "aiayn",
+        "train",
+        "--config",
+        str(CONFIGS / "tiny_copy.toml"),
+        "--no-progress",
+        *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -399,8 +474,9 @@ def test_kill_9_during_frequent_saves_leaves_a_resumable_run(corpus, tmp_path):
         load_model_dir(ckpt)
         load_tensors(ckpt / "optimizer.safetensors")
     step = int(found[-1].name[5:])
-    more = train(tiny(corpus, out, **{"train.max_steps": step + 2, "train.keep_last": 2}),
-                 progress=False)
+    more = train(
+        tiny(corpus, out, **{"train.max_steps": step + 2, "train.keep_last": 2}), progress=False
+    )
     assert more.step == step + 2
 
 
@@ -408,15 +484,24 @@ def test_kill_9_during_frequent_saves_leaves_a_resumable_run(corpus, tmp_path):
 def test_multi30k_short_run_gives_a_loadable_translator(multi30k_dir, tmp_path):
     """The shipped Multi30k preset, 60 steps in the machine's precision (dtype auto): validation
     improves, the run dir translates."""
-    from aiayn.decode import greedy_decode
+    from aiayn.search.decode import greedy_decode
 
     raw = Path(multi30k_dir) / "raw"
-    cfg = load_config(CONFIGS / "multi30k_de_en.toml", [
-        f"train.src={raw / 'train.de'}", f"train.tgt={raw / 'train.en'}",
-        f"train.valid_src={raw / 'val.de'}", f"train.valid_tgt={raw / 'val.en'}",
-        f"train.out_dir={tmp_path / 'run'}", "train.max_steps=60", "train.valid_every=30",
-        "train.bleu_samples=0", "train.best_metric=loss", "train.warmup_steps=60",
-    ])
+    cfg = load_config(
+        CONFIGS / "multi30k_de_en.toml",
+        [
+            f"train.src={raw / 'train.de'}",
+            f"train.tgt={raw / 'train.en'}",
+            f"train.valid_src={raw / 'val.de'}",
+            f"train.valid_tgt={raw / 'val.en'}",
+            f"train.out_dir={tmp_path / 'run'}",
+            "train.max_steps=60",
+            "train.valid_every=30",
+            "train.bleu_samples=0",
+            "train.best_metric=loss",
+            "train.warmup_steps=60",
+        ],
+    )
     result = train(cfg, progress=False)
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     valid = [r["valid_ppl"] for r in records if "valid_ppl" in r]
@@ -431,15 +516,38 @@ def test_torchrun_resume_is_bit_identical(corpus, tmp_path):
     import subprocess
     import sys
 
-    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            "-m", "aiayn", "train", "--config", str(CONFIGS / "tiny_copy.toml"), "--no-progress",
-            "--device", "cpu"]  # gloo on CPU ranks, also where a GPU is
+    base = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "aiayn",
+        "train",
+        "--config",
+        str(CONFIGS / "tiny_copy.toml"),
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]  # gloo on CPU ranks, also where a GPU is
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     sets = [a for k, v in corpus.items() for a in ("--set", f"{k}={v}")]
     for out, steps in (("a", 6), ("b", 3), ("b", 6)):
-        proc = subprocess.run([*base, *sets, "--set", f"train.out_dir={tmp_path / out}",
-                               "--set", f"train.max_steps={steps}"],
-                              env=env, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [
+                *base,
+                *sets,
+                "--set",
+                f"train.out_dir={tmp_path / out}",
+                "--set",
+                f"train.max_steps={steps}",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
     a = load_tensors(list_checkpoints(tmp_path / "a")[-1] / "model.safetensors")
     b = load_tensors(list_checkpoints(tmp_path / "b")[-1] / "model.safetensors")
@@ -459,9 +567,22 @@ def test_torchrun_two_ranks_fit_a_budget_on_a_held_out_validation_set(corpus, tm
             "train.lr": 1e-3, "train.warmup_steps": 1000, "train.max_minutes": 0.1,
             "train.max_steps": 10**6, "train.valid_every": 25, "train.bleu_samples": 5,
             "train.average_last": 3, "decode.beam_size": 2}  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "aiayn", "train", "--config", str(CONFIGS / "tiny_copy.toml"), "--no-progress",
-           "--device", "cpu", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "aiayn",
+        "train",
+        "--config",
+        str(CONFIGS / "tiny_copy.toml"),
+        "--no-progress",
+        "--device",
+        "cpu",
+        *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -476,8 +597,13 @@ def test_torchrun_two_ranks_fit_a_budget_on_a_held_out_validation_set(corpus, tm
 
 def test_early_stopping_after_patience_validations_without_improvement(corpus, tok, tmp_path):
     # A zero learning rate: the validation loss can never improve after the first validation.
-    over = {"train.lr_schedule": "constant", "train.lr": 0.0, "train.valid_every": 5,
-            "train.patience": 2, "train.max_steps": 1000}
+    over = {
+        "train.lr_schedule": "constant",
+        "train.lr": 0.0,
+        "train.valid_every": 5,
+        "train.patience": 2,
+        "train.max_steps": 1000,
+    }
     result = train(tiny(corpus, tmp_path / "run", **over), tokenizer=tok, progress=False)
     assert result.stopped == "early_stopping" and result.step == 15
 
@@ -500,7 +626,7 @@ def test_the_last_weights_are_validated_and_a_model_is_always_saved(corpus, tok,
 
 
 def test_fit_total_steps_is_the_step_where_the_budget_runs_out():
-    from aiayn.train import BUDGET_MARGIN, fit_total_steps
+    from aiayn.training.train import BUDGET_MARGIN, fit_total_steps
 
     # 100 steps done in 60 s of a 600 s budget at 2 steps/s: 540 s left -> 1080 more steps
     assert fit_total_steps(100, 2.0, 60.0, 600.0, 10**6) == 100 + int(BUDGET_MARGIN * 1080)
@@ -513,7 +639,7 @@ def test_fit_total_steps_is_the_step_where_the_budget_runs_out():
 
 
 def test_average_steps_are_evenly_spaced_over_the_last_fifth():
-    from aiayn.train import average_steps
+    from aiayn.training.train import average_steps
 
     assert average_steps(200, 5) == [168, 176, 184, 192, 200]
     assert average_steps(1000, 4) == [850, 900, 950, 1000]
@@ -524,7 +650,7 @@ def test_average_steps_are_evenly_spaced_over_the_last_fifth():
 
 
 def test_budget_rate_warms_up_without_waiting_for_the_fit_and_never_jumps():
-    from aiayn.train import BudgetPlan, budget_lr, fit_warmup_end
+    from aiayn.training.train import BudgetPlan, budget_lr, fit_warmup_end
 
     peak, warmup = 1e-3, 1000
     # before the fit: the configured slope
@@ -556,7 +682,7 @@ def test_budget_rate_warms_up_without_waiting_for_the_fit_and_never_jumps():
 def test_a_refit_moves_the_end_and_the_rate_goes_on_from_where_it_was():
     """Re-fitted at step 150 of 300 (the machine slowed: the end is now 250): the rate at 150
     is kept, the cosine's rest is spread over 150-250, and it reaches 0 at the new end."""
-    from aiayn.train import BudgetPlan, budget_lr
+    from aiayn.training.train import BudgetPlan, budget_lr
 
     peak, warmup = 1e-3, 30
     before = BudgetPlan(300, 20, 30)
@@ -578,8 +704,14 @@ def test_budget_schedule_reaches_zero_at_the_total_and_survives_a_resume(corpus,
     """Without a time budget the total is max_steps, fixed once: a resume with a larger
     max_steps keeps it, ends there at a rate of ~0 and averages the planned checkpoints."""
     out = tmp_path / "run"
-    over = {"train.lr_schedule": "cosine_budget", "train.lr": 1e-3, "train.warmup_steps": 10,
-            "train.average_last": 3, "train.valid_every": 1000, "train.save_every": 20}
+    over = {
+        "train.lr_schedule": "cosine_budget",
+        "train.lr": 1e-3,
+        "train.warmup_steps": 10,
+        "train.average_last": 3,
+        "train.valid_every": 1000,
+        "train.save_every": 20,
+    }
     first = train(tiny(corpus, out, **over, **{"train.max_steps": 60, "train.max_epochs": 1}),
                   tokenizer=tok, progress=False)  # fmt: skip
     assert first.stopped == "max_epochs" and first.step < 48  # before the averaging span
@@ -679,7 +811,7 @@ def test_a_run_slower_than_its_measured_speed_refits_its_end_and_still_averages(
             "train.max_minutes": 0.1, "train.max_steps": 10**6, "train.valid_every": 25,
             "train.bleu_samples": 40, "train.save_every": 1000,
             "train.average_last": 3}  # fmt: skip
-    with caplog.at_level(logging.INFO, logger="aiayn.train"):
+    with caplog.at_level(logging.INFO, logger="aiayn.training.train"):
         result = train(tiny(corpus, out, **over), tokenizer=tok, progress=False)
     refits = [r.getMessage() for r in caplog.records if "now ends at step" in r.getMessage()]
     state = json.loads((list_checkpoints(out)[-1] / "train_state.json").read_text())
@@ -694,9 +826,9 @@ def test_a_budget_run_chooses_alpha_on_validation_for_its_averaged_model(
     """At the end of a cosine_budget run the averaged model's [decode] alpha is the best of
     ALPHA_GRID on validation, found by the same sweep as `evaluate --alphas` (same BLEUs), and
     saved where translate reads its defaults; the run directory's own model keeps its alpha."""
-    from aiayn.cli import main
-    from aiayn.train import ALPHA_GRID
-    from aiayn.translate import saved_decode_config
+    from aiayn.cli.main import main
+    from aiayn.training.train import ALPHA_GRID
+    from aiayn.translate.translator import saved_decode_config
 
     out = tmp_path / "run"
     over = {"train.lr_schedule": "cosine_budget", "train.lr": 3e-3, "train.warmup_steps": 10,
@@ -740,7 +872,7 @@ def test_bad_averaging_recipes_are_one_line_config_errors(corpus, tmp_path, over
 
 
 def test_own_data_config_is_a_valid_budget_recipe():
-    from aiayn.train import check_recipe
+    from aiayn.training.train import check_recipe
 
     cfg = load_config(CONFIGS / "own_data.toml")
     tc = cfg.train

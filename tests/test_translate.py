@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.checkpoint import save_model_dir
-from aiayn.cli import main
+from aiayn.cli.main import main
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import DataError
-from aiayn.metrics import bleu, bleu_by_source_length, chrf, exact_match
-from aiayn.model import Transformer
-from aiayn.tokenizer import Tokenizer
-from aiayn.translate import Translator, read_lines, token_budget_batches
+from aiayn.nn.model import Transformer
+from aiayn.store.checkpoint import save_model_dir
+from aiayn.text.tokenizer import Tokenizer
+from aiayn.translate.metrics import bleu, bleu_by_source_length, chrf, exact_match
+from aiayn.translate.translator import Translator, read_lines, token_budget_batches
 
 WORDS = ["haus", "katze", "hund", "baum", "auto", "weg", "stadt", "fluss", "berg", "see", "wald"]
 
@@ -80,7 +80,7 @@ def test_long_line_is_truncated_with_warning(
     translator: Translator, caplog: pytest.LogCaptureFixture
 ) -> None:
     long_line = " ".join(["katze"] * 200)
-    with caplog.at_level(logging.WARNING, logger="aiayn.translate"):
+    with caplog.at_level(logging.WARNING, logger="aiayn.translate.translator"):
         out = translator.translate(["haus", long_line], beam=1)
     assert len(out) == 2
     assert "line 2 has" in caplog.text and "max_len=40" in caplog.text
@@ -203,7 +203,7 @@ def test_model_dir_keeps_its_search_settings(
     average`) is the model's default search; a flag given on the command line wins."""
     import shutil
 
-    from aiayn.checkpoint import write_average
+    from aiayn.store.checkpoint import write_average
 
     own = tmp_path / "own"
     shutil.copytree(model_dir, own)

@@ -9,15 +9,10 @@ import re
 import pytest
 import torch
 
-from aiayn.checkpoint import load_model_dir, save_model_dir
-from aiayn.cli import main
+from aiayn.cli.main import main
 from aiayn.config import BOS_ID, PAD_ID, ModelConfig
 from aiayn.errors import AiaynError
-from aiayn.model import AttentionMaps, Transformer
-from aiayn.tokenizer import Tokenizer
-from aiayn.tracing import tracing
-from aiayn.variants import DecoderLM, EncoderClassifier
-from aiayn.viz import (
+from aiayn.glassbox.viz import (
     attention_figures,
     attention_for_model,
     attention_for_translations,
@@ -25,7 +20,12 @@ from aiayn.viz import (
     plot_training_log,
     read_metrics,
 )
-from aiayn.viz_html import attention_page
+from aiayn.glassbox.viz_html import attention_page
+from aiayn.nn.model import AttentionMaps, Transformer
+from aiayn.nn.tracing import tracing
+from aiayn.nn.variants import DecoderLM, EncoderClassifier
+from aiayn.store.checkpoint import load_model_dir, save_model_dir
+from aiayn.text.tokenizer import Tokenizer
 
 WORDS = "the cat dog sees a small big red house tree runs walks on under street garden".split()  # noqa: SIM905
 SENTENCES = ["the cat sees a red house", "a dog", "under the big tree the small cat runs"]
@@ -220,8 +220,10 @@ def test_plot_log_with_bleu_and_a_resumed_run(tmp_path):
     ])  # fmt: skip
     fig = plot_training_log(tmp_path / "metrics.jsonl")
     assert panel_titles(fig) == ["loss", "perplexity", "learning rate", "BLEU", "length"]
-    assert [line.get_label() for line in fig.axes[4].get_lines()] == ["hyp / ref length",
-                                                                      "brevity penalty"]
+    assert [line.get_label() for line in fig.axes[4].get_lines()] == [
+        "hyp / ref length",
+        "brevity penalty",
+    ]
     assert list(fig.axes[0].get_lines()[0].get_ydata()) == [3.0, 2.1]  # the later record wins
 
 

@@ -1,15 +1,15 @@
 """aiayn: the Transformer of "Attention Is All You Need", readable, tested and fast."""
 
-from aiayn.attention import (
+from aiayn.config import Config, DecodeConfig, ModelConfig, TrainConfig, load_config
+from aiayn.errors import AiaynError, CheckpointError, ConfigError, DataError
+from aiayn.nn.attention import (
     MultiHeadAttention,
     attention,
     self_attention_unparameterised,
 )
-from aiayn.config import Config, DecodeConfig, ModelConfig, TrainConfig, load_config
-from aiayn.errors import AiaynError, CheckpointError, ConfigError, DataError
-from aiayn.model import AttentionMaps, KVCache, Memory, Transformer, sinusoidal_positions
-from aiayn.tracing import Trace, tracing
-from aiayn.variants import DecoderLM, EncoderClassifier
+from aiayn.nn.model import AttentionMaps, KVCache, Memory, Transformer, sinusoidal_positions
+from aiayn.nn.tracing import Trace, tracing
+from aiayn.nn.variants import DecoderLM, EncoderClassifier
 
 __version__ = "0.1.0"
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from aiayn.cli import main
+from aiayn.cli.main import main
 
 sys.exit(main())

@@ -76,25 +76,48 @@ def check_new_dir(out: Path) -> None:
 
 
 @contextmanager
-def atomic_dir(out: str | Path) -> Iterator[Path]:
+def atomic_dir(out: str | Path, *, replace: bool = False) -> Iterator[Path]:
     """Yield a temporary sibling of `out` to fill; rename it to `out` when the block succeeds.
 
     Any exception (a failed conversion, Ctrl-C) removes the temporary directory and leaves
-    `out` as it was. An empty `out` is replaced (a directory rename may replace an empty one).
+    `out` as it was. An empty `out` is replaced (a directory rename may replace an empty one);
+    one with files is refused before any work starts, unless `replace` (a checkpoint saved
+    twice, a rerun's averaged model), when it is swapped out by `remove_dir` at the end.
     The new directory gets the mode any new directory would (0o777 less the umask).
     """
     out = Path(out)
-    check_new_dir(out)
+    if not replace:
+        check_new_dir(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name[:200]}.{secrets.token_hex(6)}.tmp"
     tmp.mkdir()
     try:
         yield tmp
+        if replace and out.exists():
+            remove_dir(out)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     fsync_dir(out.parent)
+
+
+def remove_dir(path: Path) -> None:
+    """Delete a directory so that a kill half way never leaves it partial under its own name:
+    rename it to `.trash_<name>` first (atomic), then delete the files. A trash left by an
+    earlier kill is cleared first."""
+    trash = path.with_name(f".trash_{path.name}")
+    shutil.rmtree(trash, ignore_errors=True)
+    os.replace(path, trash)
+    fsync_dir(path.parent)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def clear_stale(directory: Path, name_glob: str) -> None:
+    """Remove what a killed `atomic_dir` or `remove_dir` left beside directories matching
+    `name_glob`: their temporary and trash siblings. Only for a directory with one writer."""
+    for stale in [*directory.glob(f".{name_glob}.tmp"), *directory.glob(f".trash_{name_glob}")]:
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 @contextmanager

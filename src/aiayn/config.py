@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from aiayn.errors import ConfigError
 
-# The special-id layout aiayn trains its SentencePiece vocabularies with (tokenizer.py), and
+# The special-id layout aiayn trains its SentencePiece vocabularies with (text/tokenizer.py), and
 # ModelConfig's defaults. Nothing else reads these: a vocabulary owns its ids (Tokenizer.pad_id,
 # ...), a model records them (ModelConfig.pad_id, ...), so a vocabulary with another layout (a
 # Marian model's: eos 0, pad last) fits without remapping.
@@ -182,7 +182,7 @@ class TrainConfig:
     bleu_samples: int = 200  # validation sentences decoded greedily for BLEU; 0 = skip
     seed: int = 1
     # auto = bf16 autocast where the hardware has native bf16 (CUDA compute capability >= 8,
-    # a CPU with AVX512-BF16 or AMX), else fp32; aiayn.device owns the choice
+    # a CPU with AVX512-BF16 or AMX), else fp32; aiayn.runtime.device owns the choice
     dtype: Literal["auto", "fp32", "bf16"] = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps; under torchrun, cuda = LOCAL_RANK
     deterministic: bool = False  # deterministic kernels: bit-exact resume on a GPU (slower)

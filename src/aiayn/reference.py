@@ -1,4 +1,4 @@
-"""The same forward pass in plain NumPy: literal, slow, and independent of model.py.
+"""The same forward pass in plain NumPy: literal, slow, and independent of nn/model.py.
 
 A second implementation to test the first against, and a companion for learners: every step of
 Figure 1 is a few lines of matrix arithmetic, one head at a time, in float64, in the style of

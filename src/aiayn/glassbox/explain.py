@@ -1,0 +1,510 @@
+"""The glass box: one sentence through a trained model, every intermediate named (issue 6).
+
+`explain(model, tok, "sentence")` runs `aiayn.search.decode`'s own greedy search (or sampling) under
+`aiayn.nn.attention.tracing()` and watches it through the search's `on_step` hook: the encoder
+once, then the decoder step by step with the KV cache, exactly as translation runs it. It
+returns an `Explanation`: every recorded tensor under a stable name, with row and column labels
+(tokens or dimensions), plus the top-k next tokens of every step and the token the search took.
+`trace_beam` watches `aiayn.search.decode.beam_search` the same way: every step's candidates and
+their fate. There is no second search here, so what is shown is what `aiayn translate` does.
+`aiayn.glassbox.render` prints an `Explanation` as text tables, JSON or HTML.
+
+Stable names (docs/explain.md has the full list):
+    encoder.embed.tokens | positions | sum          token embedding x sqrt(d_model), PE, their sum
+    encoder.{l}.self_attn.head{h}.q | k | v | scores | scores_scaled | scores_masked | weights
+        | output                                     one head (§3.2.1); l from 0, h from 1
+    encoder.{l}.self_attn.concat | output           Concat(head_1..head_h), then x W^O (§3.2.2)
+    encoder.{l}.residual1 | norm1 | ffn.hidden | ffn.output | residual2 | norm2
+    step{t}.decoder.embed.* / step{t}.decoder.{l}.self_attn.* / .cross_attn.* / residual3 / norm3
+    step{t}.logits | step{t}.probs                  the generator at decoding step t
+Layers count from 0 like the module paths (`encoder.layers.0`); heads count from 1 like the
+paper's head_1..head_h.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from aiayn.config import DecodeConfig, ModelConfig
+from aiayn.errors import AiaynError
+from aiayn.nn.model import Transformer
+from aiayn.nn.tracing import Trace, tracing
+from aiayn.search.decode import beam_search, greedy_search, sample_search
+from aiayn.search.settings import Hypothesis, max_output_lengths, output_cap, sample_seed
+from aiayn.search.views import OnStep, StepView
+from aiayn.text.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+# One line per leaf name: what the tensor is, in the paper's terms.
+DESCRIPTIONS: dict[str, str] = {
+    "embed.tokens": "token embedding x sqrt(d_model) (§3.4)",
+    "embed.positions": "positional encoding PE(pos, i) (§3.5)",
+    "embed.sum": "embedding + positional encoding: the input of layer 0",
+    "q": "Q = x W^Q_h (queries of this head)",
+    "k": "K = m W^K_h (keys; m = x for self-attention, the encoder output for cross: "
+    "cross-attention's are shown at step 0 only, they are the same at every step)",
+    "v": "V = m W^V_h (values)",
+    "scores": "Q K^T (one dot product per query and key)",
+    "scores_scaled": "Q K^T / sqrt(d_k)",
+    "scores_masked": "scaled scores with hidden keys set to -inf (padding, future positions)",
+    "weights": "softmax over keys: each row sums to 1",
+    "output": "head_h = weights V",
+    "concat": "Concat(head_1, ..., head_h)",
+    "attn_output": "Concat(heads) W^O + b^O: the attention sub-layer's output",
+    "residual1": "x + Sublayer(x) (residual around sub-layer 1)",
+    "residual2": "x + Sublayer(x) (residual around sub-layer 2)",
+    "residual3": "x + Sublayer(x) (residual around sub-layer 3)",
+    "norm1": "LayerNorm(x + Sublayer(x)) after sub-layer 1",
+    "norm2": "LayerNorm(x + Sublayer(x)) after sub-layer 2",
+    "norm3": "LayerNorm(x + Sublayer(x)) after sub-layer 3",
+    "ffn.hidden": "max(0, x W_1 + b_1): FFN hidden layer after ReLU (§3.3)",
+    "ffn.output": "hidden W_2 + b_2: FFN output",
+    "logits": "decoder output x the (tied) embedding matrix: pre-softmax scores (§3.4)",
+    "probs": "softmax(logits): the next-token distribution",
+}
+
+PER_HEAD = ("q", "k", "v", "scores", "scores_scaled", "scores_masked", "weights", "heads")
+
+# step{t}. decoder|encoder . {l}|embed . [self_attn|cross_attn . [head{h} .]] leaf
+NAME_RE = re.compile(
+    r"^(?:step(?P<step>\d+)\.)?(?P<stack>encoder|decoder)\.(?P<layer>\d+|embed)\."
+    r"(?:(?P<attn>self_attn|cross_attn)\.(?:head(?P<head>\d+)\.)?)?(?P<leaf>.+)$"
+)
+
+
+@dataclass
+class Entry:
+    """One named intermediate, batch dimension removed.
+
+    `value` is 1-D or 2-D (rows x cols). `rows` label the rows (tokens); `cols` label the
+    columns when they are tokens (attention keys), None when they are model dimensions.
+    """
+
+    name: str
+    value: Tensor
+    rows: list[str]
+    cols: list[str] | None = None
+    row_start: int = 0  # position of the first row (a decoding step's query is at position t)
+
+    @property
+    def description(self) -> str:
+        return describe(self.name)
+
+
+@dataclass
+class StepChoice:
+    """Decoding step t: the token fed in, the top-k next tokens, the one the search took."""
+
+    t: int
+    input_id: int
+    input_piece: str
+    top: list[tuple[int, str, float]]  # (id, piece, probability), best first
+    chosen_id: int
+    chosen_piece: str
+    banned: tuple[int, ...] = ()  # ids in `top` the search may not emit here (PAD, BOS, early EOS)
+
+
+# --- beam search, as `trace_beam` records it ---------------------------------------------------
+
+
+@dataclass
+class BeamCandidate:
+    """One extension of a live hypothesis by one token, as the search saw it."""
+
+    rank: int  # 1 = highest total log-probability among this step's candidates
+    parent: int  # index of the extended hypothesis in the step's `live` list
+    token: int
+    piece: str
+    log_prob: float  # total log-probability of the extended hypothesis
+    score: float  # log_prob / lp(length): what finished hypotheses are ranked by
+    status: str  # "live" | "finished" | "pruned"
+    reason: str
+
+
+@dataclass
+class BeamHypothesis:
+    tokens: list[int]  # generated tokens, without BOS and EOS (as in aiayn.search.decode)
+    pieces: list[str]
+    log_prob: float
+    score: float
+    eos: bool = False
+    reason: str = ""
+
+    def text(self) -> str:
+        return " ".join(self.pieces + (["</s>"] if self.eos else [])) or "<s>"
+
+
+@dataclass
+class BeamStep:
+    t: int
+    live: list[BeamHypothesis]  # hypotheses entering the step
+    candidates: list[BeamCandidate]
+
+
+@dataclass
+class BeamTrace:
+    beam_size: int
+    alpha: float
+    max_len: int
+    steps: list[BeamStep] = field(default_factory=list)
+    finished: list[BeamHypothesis] = field(default_factory=list)
+    stop_reason: str = ""
+
+    @property
+    def best(self) -> BeamHypothesis:
+        return max(self.finished, key=lambda h: h.score)
+
+
+@dataclass
+class Explanation:
+    """A traced translation of one sentence: every intermediate under a stable name."""
+
+    source: str
+    src_ids: list[int]
+    src_pieces: list[str]
+    tgt_ids: list[int]  # generated ids, EOS included when produced
+    tgt_pieces: list[str]
+    translation: str
+    config: dict[str, object]
+    entries: dict[str, Entry] = field(default_factory=dict)
+    steps: list[StepChoice] = field(default_factory=list)
+    search: str = "greedy"  # "greedy" | "sample": the search that was traced
+    hypothesis: Hypothesis | None = None  # what that search returned (tokens, log_prob, score)
+    beam: BeamTrace | None = None  # when asked for (`trace_beam`)
+
+    def __getitem__(self, name: str) -> Tensor:
+        try:
+            return self.entries[name].value
+        except KeyError:
+            raise KeyError(f"no traced tensor {name!r}; see Explanation.names()") from None
+
+    def layers_and_heads(self) -> tuple[int, int]:
+        """(layers, heads) of the explained model."""
+        n_layers, n_heads = self.config["n_layers"], self.config["n_heads"]
+        assert isinstance(n_layers, int) and isinstance(n_heads, int)
+        return n_layers, n_heads
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+
+def describe(name: str) -> str:
+    """The one-line description of a stable name (empty when unknown)."""
+    m = NAME_RE.match(name)
+    leaf = m.group("leaf") if m else name.rsplit(".", 1)[-1]
+    if m and m.group("layer") == "embed":
+        leaf = f"embed.{leaf}"
+    if m and m.group("attn") and not m.group("head") and leaf == "output":
+        leaf = "attn_output"
+    return DESCRIPTIONS.get(leaf, "")
+
+
+def stable_name(model_name: str) -> str:
+    """Model trace name -> stable name: `encoder.layers.0.x` -> `encoder.0.x`, embeddings moved
+    under their stack (`src_embed` -> `encoder.embed`, `tgt_embed` -> `decoder.embed`)."""
+    step, name = "", model_name
+    if model_name.startswith("step"):  # decoding steps are recorded under `step{t}.`
+        head, _, name = model_name.partition(".")
+        step = head + "."
+    name = name.replace("src_embed.", "encoder.embed.").replace("tgt_embed.", "decoder.embed.")
+    name = name.replace("encoder.layers.", "encoder.").replace("decoder.layers.", "decoder.")
+    return step + name
+
+
+def _add(
+    out: Explanation,
+    raw: dict[str, Tensor],
+    queries: list[str],
+    keys: dict[str, list[str]],
+    t: int = 0,
+) -> None:
+    """Turn the recorder's raw tensors into labelled entries (per head for (B, H, T, K) ones).
+
+    `queries` label the rows of the stream (starting at position `t`), `keys` the keys of each
+    kind of attention (starting at position 0).
+    """
+    for model_name, x in raw.items():
+        x = x.cpu()  # what is shown (tables, JSON, pictures) is read on the CPU
+        name = stable_name(model_name)
+        base, _, leaf = name.rpartition(".")
+        if leaf in PER_HEAD:
+            attn = base.rsplit(".", 1)[-1]  # self_attn | cross_attn
+            key_rows = keys[attn]
+            for h in range(x.size(1)):
+                out_leaf = "output" if leaf == "heads" else leaf
+                cols = key_rows if leaf.startswith(("scores", "weights")) else None
+                full = f"{base}.head{h + 1}.{out_leaf}"
+                rows, start = (key_rows, 0) if leaf in ("k", "v") else (queries, t)
+                out.entries[full] = Entry(full, x[0, h], rows, cols, start)
+        elif x.dim() == 3:  # (B, T, D)
+            out.entries[name] = Entry(name, x[0], queries, None, t)
+        else:  # positions: (T, D), no batch dimension
+            out.entries[name] = Entry(name, x, queries, None, t)
+
+
+def _check(model: object, tok: Tokenizer) -> Transformer:
+    if not isinstance(model, Transformer):
+        raise AiaynError(
+            f"explain needs an encoder-decoder Transformer, got {type(model).__name__}"
+        )
+    if tok.vocab_size != model.cfg.vocab_size:
+        raise AiaynError(
+            f"tokenizer has {tok.vocab_size} pieces but the model's vocabulary is "
+            f"{model.cfg.vocab_size}: they do not belong together"
+        )
+    return model
+
+
+def source_ids(model: Transformer, tok: Tokenizer, sentence: str) -> list[int]:
+    """Token ids of `sentence` as the model reads it (EOS appended): a source longer than the
+    positional table is cut to its first max_len - 1 tokens plus EOS, with a warning, as
+    `aiayn translate` does (so what is explained is what is translated)."""
+    if not sentence.strip():
+        raise AiaynError("the sentence to explain is empty")
+    ids, limit = tok.encode(sentence), model.cfg.max_len
+    if len(ids) > limit:
+        log.warning("the sentence has %d tokens, more than the model's max_len=%d; explaining "
+                    "only its first %d tokens", len(ids) - 1, limit, limit - 1)  # fmt: skip
+    return tok.cut(ids, limit)
+
+
+def _decode_config(cfg: DecodeConfig | None, max_len: int | None, **fields: object) -> DecodeConfig:
+    """`cfg` (default: the paper's) with `fields` replaced; `max_len` fixes the output limit."""
+    cfg = dataclasses.replace(cfg or DecodeConfig(), **fields)  # type: ignore[arg-type]
+    if max_len is not None:
+        cfg = dataclasses.replace(cfg, max_len_a=0.0, max_len_b=max_len)
+    return cfg
+
+
+def _encoder_part(raw: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k: v for k, v in raw.items() if k.startswith(("src_embed.", "encoder."))}
+
+
+def _decoder_part(raw: dict[str, Tensor], t: int) -> dict[str, Tensor]:
+    return {f"step{t}.{k}": v for k, v in raw.items() if k.startswith(("tgt_embed.", "decoder."))}
+
+
+def _recorder(
+    out: Explanation,
+    rec: Trace,
+    tok: Tokenizer,
+    top_k: int,
+    bos_id: int,
+    want: Callable[[str], bool] | None = None,
+) -> OnStep:
+    """An `on_step` observer for a one-sentence greedy or sampling search run under `rec`:
+    each step, it files what was recorded since the last one (the encoder's at the first)."""
+
+    def on_step(view: StepView) -> None:
+        t = view.t
+        raw = dict(rec.tensors)
+        rec.tensors.clear()  # the next step records the same names again
+        if t == 0:
+            _add(out, _encoder_part(raw), out.src_pieces, {"self_attn": out.src_pieces})
+        fed = [bos_id, *view.live[0].tokens]
+        fed_pieces = tok.pieces(fed)
+        keys = {"self_attn": fed_pieces, "cross_attn": out.src_pieces}
+        _add(out, _decoder_part(raw, t), [fed_pieces[-1]], keys, t)
+        logits_V = view.logits_RV[0].cpu()
+        probs_V = torch.softmax(logits_V.float(), dim=-1)
+        for leaf, x in (("logits", logits_V), ("probs", probs_V)):
+            if want is None or want(f"step{t}.{leaf}"):
+                rec.count(x.numel())  # the search's own logits: within the trace's budget
+                out.entries[f"step{t}.{leaf}"] = Entry(
+                    f"step{t}.{leaf}", x, [fed_pieces[-1]], None, t
+                )
+        p_k, i_k = probs_V.topk(min(top_k, probs_V.numel()))
+        top = [(int(i), tok.pieces([int(i)])[0], float(p)) for p, i in zip(p_k, i_k, strict=True)]
+        allowed_V = view.log_probs_RV[0].cpu() > float("-inf")
+        banned = tuple(i for i, _, _ in top if not allowed_V[i])
+        chosen = view.candidates[0].token
+        piece = tok.pieces([chosen])[0]
+        out.steps.append(StepChoice(t, fed[-1], fed_pieces[-1], top, chosen, piece, banned))
+
+    return on_step
+
+
+def _keeper(out: Explanation, want: Callable[[str], bool] | None) -> Callable[[str], bool]:
+    """What a trace of `explain` copies, by the model's tap name: what `want` asks for (by
+    stable name), never the generator's logits (the search's own are filed), and the
+    cross-attention K and V only at step 0 (they are the encoder output's, the same at every
+    step: copying them per step would cost steps x S x d_model numbers for nothing)."""
+
+    def keep(model_name: str) -> bool:
+        t, name = len(out.steps), stable_name(model_name)  # step t is being computed
+        if name.startswith("generator."):
+            return False
+        if not name.startswith("decoder."):
+            return want is None or want(name)
+        if t > 0 and name.endswith((".cross_attn.k", ".cross_attn.v")):
+            return False
+        return want is None or want(f"step{t}.{name}")
+
+    return keep
+
+
+def explain(
+    model: Transformer,
+    tok: Tokenizer,
+    sentence: str,
+    *,
+    top_k: int = 5,
+    max_len: int | None = None,
+    cfg: DecodeConfig | None = None,
+    line_no: int = 1,
+    want: Callable[[str], bool] | None = None,
+    max_numel: int | None = None,
+) -> Explanation:
+    """Trace the greedy (or, with `cfg.sample`, sampled) translation of `sentence`.
+
+    Args:
+        top_k: how many next-token candidates to keep per decoding step.
+        max_len: most tokens to generate (default: cfg's limit, source length + 50).
+        cfg: search settings (default `DecodeConfig()`); beam size and nbest are taken as 1.
+        line_no: the sentence's line number for sampling seeds (`aiayn translate` numbers the
+            lines of its input from 1), so a sample here is the one `translate` draws.
+        want: which intermediates to keep, by name (`View.shows`; default all): the rest are
+            never copied.
+        max_numel: the most numbers the trace may hold (TraceTooLargeError past it).
+    Returns:
+        An `Explanation` with the encoder pass and every decoding step `step{t}.*`.
+    """
+    model = _check(model, tok)
+    model.eval()
+    cfg = _decode_config(cfg, max_len, beam_size=1, nbest=1)
+    ids = source_ids(model, tok, sentence)
+    dev = next(model.parameters()).device  # what the model reads lives on its device
+    src_BS = torch.tensor([ids], device=dev)
+    search = "sample" if cfg.sample else "greedy"
+    out = Explanation(sentence, ids, tok.pieces(ids), [], [], "", _config_summary(model))
+    out.search = search
+    with tracing(keep=_keeper(out, want), max_numel=max_numel) as rec:
+        on_step = _recorder(out, rec, tok, top_k, model.cfg.bos_id, want)
+        if cfg.sample:
+            seed = sample_seed(cfg.seed, line_no)
+            hyp = sample_search(model, src_BS, cfg, row_seeds=[seed], on_step=on_step)[0][0]
+        else:
+            hyp = greedy_search(model, src_BS, cfg, on_step=on_step)[0]
+    out.hypothesis = hyp
+    out.tgt_ids = hyp.tokens + ([model.cfg.eos_id] if hyp.eos else [])
+    out.tgt_pieces = tok.pieces(out.tgt_ids)
+    out.translation = tok.decode(hyp.tokens)
+    return out
+
+
+# What each of `aiayn.search.decode.Candidate`'s reasons means, in words (N = the beam size).
+_REASONS = {
+    ("finished", "eos"): "ends in </s> among the N best: final, ranked by score",
+    ("finished", "length limit"): "length limit: among the N best, ends here without </s>",
+    ("pruned", "N already finished"): "{N} hypotheses have already finished",
+    ("pruned", "eos below the N best"): "ends in </s> but ranks below the N best: dropped",
+    ("pruned", "length limit"): "length limit: ranks below the N best",
+    ("pruned", "beam full"): "beam full: {N} extensions with higher log-probability took the slots",
+    ("pruned", "early termination"): "{N} hypotheses have finished: the search stops here",
+    ("pruned", "impossible"): "impossible (probability 0)",
+}
+
+
+def _reason(fate: str, why: str, beam_size: int) -> str:
+    text = _REASONS.get((fate, why), f"kept: {why}" if fate == "live" else why)
+    return text.replace("{N}", str(beam_size))
+
+
+def trace_beam(
+    model: Transformer,
+    tok: Tokenizer,
+    sentence: str,
+    cfg: DecodeConfig,
+    *,
+    max_len: int | None = None,
+) -> BeamTrace:
+    """Run `aiayn.search.decode.beam_search` on one sentence and record every decision it makes.
+
+    Args:
+        cfg: search settings (beam_size, alpha, min_len, length limits); nbest is the beam size.
+        max_len: most output tokens (default: cfg's limit, source length + 50).
+    Returns:
+        A `BeamTrace`; `.best` is what beam search outputs (the highest score).
+    """
+    model = _check(model, tok)
+    model.eval()
+    cfg = _decode_config(cfg, max_len, sample=False, nbest=cfg.beam_size)
+    ids = source_ids(model, tok, sentence)
+    src_len = torch.tensor([len(ids)])
+    cap = output_cap(cfg, model.cfg.max_len)
+    limit = int(max_output_lengths(src_len, cfg.max_len_a, cfg.max_len_b, cap)[0])
+    out = BeamTrace(cfg.beam_size, cfg.alpha, limit)
+    N = cfg.beam_size
+
+    def hyp(tokens: list[int], log_prob: float, score: float) -> BeamHypothesis:
+        return BeamHypothesis(tokens, tok.pieces(tokens), log_prob, score)
+
+    def on_step(view: StepView) -> None:
+        live = [hyp(list(h.tokens), h.log_prob, h.score) for h in view.live]
+        cands = [
+            BeamCandidate(c.rank, c.parent, c.token, tok.pieces([c.token])[0], c.log_prob,
+                          c.score, c.fate, _reason(c.fate, c.why, N))
+            for c in view.candidates
+        ]  # fmt: skip
+        out.steps.append(BeamStep(view.t, live, cands))
+        for f in view.finished:
+            done = hyp(f.hyp.tokens, f.hyp.log_prob, f.hyp.score)
+            done.eos, done.reason = f.hyp.eos, _reason("finished", f.why, N)
+            out.finished.append(done)
+        for _sent, why in view.done:
+            out.stop_reason = (
+                f"length limit of {limit} output tokens reached at step {view.t}"
+                if why == "length limit"
+                else f"{N} hypotheses finished (= the beam size) by step {view.t}"
+            )
+
+    dev = next(model.parameters()).device
+    beam_search(model, torch.tensor([ids], device=dev), cfg, on_step=on_step)
+    return out
+
+
+def _config_summary(model: Transformer) -> dict[str, object]:
+    cfg = model.cfg
+    return {
+        "d_model": cfg.d_model,
+        "n_heads": cfg.n_heads,
+        "d_k": cfg.d_k,
+        "n_layers": cfg.n_layers,
+        "d_ff": cfg.d_ff,
+        "vocab_size": cfg.vocab_size,
+        "norm": "pre-LN" if cfg.norm_first else "post-LN (paper)",
+        "positional": cfg.positional,
+        "embedding_scale": math.sqrt(cfg.d_model),
+        "differs": ", ".join(_differs(cfg)),  # from the paper; "" for the paper's model
+    }
+
+
+def _differs(cfg: ModelConfig) -> list[str]:
+    """Where the model differs from the paper (an imported Marian model: all three)."""
+    options = [
+        (cfg.activation != "relu", f"{cfg.activation} FFN"),
+        (cfg.positional_layout == "halves", "sines then cosines (halves)"),
+        (cfg.logits_bias, "bias on the logits"),
+    ]
+    return [text for differs, text in options if differs]
+
+
+def greedy_translate(
+    model: Transformer, tok: Tokenizer, sentence: str, max_len: int | None = None
+) -> tuple[list[int], list[int]]:
+    """(source ids, generated ids incl. EOS when produced): `aiayn.search.decode`'s greedy search."""
+    model = _check(model, tok)
+    ids = source_ids(model, tok, sentence)
+    cfg = _decode_config(None, max_len, beam_size=1)
+    device = next(model.parameters()).device
+    hyp = greedy_search(model, torch.tensor([ids], device=device), cfg)[0]
+    return ids, hyp.tokens + ([model.cfg.eos_id] if hyp.eos else [])

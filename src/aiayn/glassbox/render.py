@@ -1,0 +1,482 @@
+"""Print an `Explanation` (aiayn.glassbox.explain) as text tables, JSON or one self-contained HTML page.
+
+A `View` chooses what to show, so that a 512-dimensional, 6-layer, 8-head model stays
+readable: which layers and heads, which decoding steps in full, how many model dimensions per
+vector (the rest are elided; each row's L2 norm is shown), and how many decimals.
+Everything is printed in the order the model computes it (Figure 1, bottom to top).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from aiayn.errors import AiaynError
+from aiayn.glassbox.explain import NAME_RE, BeamTrace, Entry, Explanation
+
+if TYPE_CHECKING:
+    from aiayn.config import DecodeConfig
+    from aiayn.nn.model import Transformer
+    from aiayn.text.tokenizer import Tokenizer
+
+MAX_INDICES = 10_000  # more layers, heads or steps than any model has
+HEAD_LEAVES = ("q", "k", "v", "scores", "scores_scaled", "scores_masked", "weights", "output")
+SEARCH_NAME = {"greedy": "greedy translation", "sample": "sampled translation"}
+CHOSEN = {"greedy": "greedy: the most probable", "sample": "sampled"}
+STEP_TOP_RE = re.compile(r"^step(\d+)\.(?:logits|probs)$")  # the generator at step t
+
+
+@dataclass(frozen=True)
+class View:
+    """What to show. None = everything. Layers count from 0, heads from 1."""
+
+    layers: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
+    steps: tuple[int, ...] | None = None  # decoding steps shown in full (top-k is always shown)
+    dims: int = 8  # model dimensions shown per vector
+    precision: int = 4
+
+    def check(self, trace: Explanation) -> None:
+        """Raise a clear error for a layer or head the model does not have."""
+        n_layers, n_heads = trace.layers_and_heads()
+        for what, chosen, valid in (
+            ("layer", self.layers, range(n_layers)),
+            ("head", self.heads, range(1, n_heads + 1)),
+        ):
+            bad = [i for i in chosen or () if i not in valid]
+            if bad:
+                raise AiaynError(
+                    f"{what} {bad[0]} does not exist: the model has {what}s "
+                    f"{valid.start}..{valid.stop - 1}"
+                )
+        if self.dims < 1 or not 0 <= self.precision <= 12:
+            raise AiaynError("dims must be >= 1 and precision between 0 and 12")
+
+    def shows(self, name: str) -> bool:
+        m = NAME_RE.match(name)
+        if m is None:  # step{t}.logits / .probs: chosen by their step only
+            top = STEP_TOP_RE.match(name)
+            return top is None or self.steps is None or int(top.group(1)) in self.steps
+        step = m.group("step")
+        if step is not None and self.steps is not None and int(step) not in self.steps:
+            return False
+        layer = m.group("layer")
+        if layer != "embed" and self.layers is not None and int(layer) not in self.layers:
+            return False
+        head = m.group("head")
+        return head is None or self.heads is None or int(head) in self.heads
+
+
+def parse_indices(text: str | None) -> tuple[int, ...] | None:
+    """'0,2' or '1-3' or '0,4-5' -> (0, 2) / (1, 2, 3) / (0, 4, 5); None or 'all' -> None."""
+    if text is None or text.strip().lower() in ("", "all"):
+        return None
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, sep, hi = part.strip().partition("-")
+            span = range(int(lo), int(hi) + 1) if sep else range(int(lo), int(lo) + 1)
+            if len(out) + len(span) > MAX_INDICES:  # "0-2000000000" would fill the memory
+                raise AiaynError(f"{text!r}: more than {MAX_INDICES:,} indices")
+            out.extend(span)
+    except ValueError:
+        raise AiaynError(f"{text!r}: expected numbers like '0,2' or '1-3'") from None
+    return tuple(out)
+
+
+# --- the order things are computed in -------------------------------------------------------------
+
+
+def _attention_block(prefix: str, n_heads: int) -> list[str]:
+    names = [f"{prefix}.head{h}.{leaf}" for h in range(1, n_heads + 1) for leaf in HEAD_LEAVES]
+    return [*names, f"{prefix}.concat", f"{prefix}.output"]
+
+
+def _layer(stack: str, layer: int, n_heads: int) -> list[str]:
+    p = f"{stack}.{layer}"
+    ffn = [f"{p}.ffn.hidden", f"{p}.ffn.output"]
+    if stack == "encoder":
+        sub = [_attention_block(f"{p}.self_attn", n_heads), ffn]
+    else:
+        sub = [
+            _attention_block(f"{p}.self_attn", n_heads),
+            _attention_block(f"{p}.cross_attn", n_heads),
+            ffn,
+        ]
+    names: list[str] = []
+    for i, block in enumerate(sub, start=1):
+        names += [*block, f"{p}.residual{i}", f"{p}.norm{i}"]
+    return names
+
+
+def sections(trace: Explanation, view: View) -> Iterator[tuple[str, list[Entry], int | None]]:
+    """(title, entries, step) in computation order; step is set for decoding-step sections."""
+    L, H = trace.layers_and_heads()
+    embed = ("tokens", "positions", "sum")
+
+    def pick(names: list[str]) -> list[Entry]:
+        return [trace.entries[n] for n in names if n in trace.entries and view.shows(n)]
+
+    yield "encoder: embeddings", pick([f"encoder.embed.{x}" for x in embed]), None
+    for layer in range(L):
+        if entries := pick(_layer("encoder", layer, H)):  # layers not chosen leave no heading
+            yield f"encoder layer {layer}", entries, None
+    for choice in trace.steps:
+        t = choice.t
+        title = f"decoding step {t}: feed {choice.input_piece!r} at position {t}"
+        names = [f"step{t}.decoder.embed.{x}" for x in embed]
+        for layer in range(L):
+            names += [f"step{t}.{n}" for n in _layer("decoder", layer, H)]
+        names += [f"step{t}.logits", f"step{t}.probs"]  # the top of Figure 1
+        yield title, pick(names), t
+
+
+# --- text --------------------------------------------------------------------------------------
+
+
+def _fmt(x: float, precision: int) -> str:
+    if x == float("-inf"):
+        return "-inf"
+    return f"{x:.{precision}f}"
+
+
+def _table(entry: Entry, view: View) -> list[str]:
+    value = entry.value.float()
+    if value.dim() == 1:
+        value = value[None]
+    n_rows, n_cols = value.shape
+    token_cols = entry.cols is not None
+    shown = n_cols if token_cols else min(n_cols, view.dims)
+    header = list(entry.cols) if entry.cols else [f"d{j}" for j in range(shown)]
+    cells = [[_fmt(float(v), view.precision) for v in row[:shown]] for row in value]
+    if not token_cols:
+        header += ([f"…+{n_cols - shown}"] if shown < n_cols else []) + ["‖row‖"]
+        norms = value.norm(dim=1)
+        for r, row in enumerate(cells):
+            row += (["…"] if shown < n_cols else []) + [_fmt(float(norms[r]), view.precision)]
+    labels = [f"{entry.row_start + i}:{p}" for i, p in enumerate(entry.rows)]
+    if len(labels) != n_rows:
+        labels = [str(i) for i in range(n_rows)]
+    w0 = max(len(s) for s in labels)
+    widths = [max(len(h), *(len(row[j]) for row in cells)) for j, h in enumerate(header)]
+    lines = [" " * w0 + "  " + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
+    for label, row in zip(labels, cells, strict=True):
+        lines.append(
+            label.ljust(w0) + "  " + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True))
+        )
+    return lines
+
+
+def _top_k_lines(trace: Explanation, t: int) -> list[str]:
+    choice = trace.steps[t]
+    lines = [f"next token after step {t} (top {len(choice.top)} of softmax(logits)):"]
+    chosen = CHOSEN[trace.search]
+    for rank, (i, piece, p) in enumerate(choice.top, start=1):
+        mark = ""
+        if i == choice.chosen_id:
+            mark = f"  <- chosen ({chosen})"
+        elif i in choice.banned:
+            mark = "  (never emitted here: the search bans PAD, BOS, and </s> before --min-len)"
+        lines.append(f"  {rank:>2}. {piece!r:<16} id {i:<6} p = {p:.4f}{mark}")
+    if choice.chosen_id not in [i for i, _, _ in choice.top]:
+        lines.append(f"  chosen: {choice.chosen_piece!r} (id {choice.chosen_id})")
+    return lines
+
+
+def to_text(trace: Explanation, view: View | None = None) -> str:
+    """The trace as plain-text tables, in the order the model computes them."""
+    view = view or View()
+    view.check(trace)
+    c = trace.config
+    out = [
+        "aiayn explain: one sentence through the Transformer, every intermediate named",
+        f"model: d_model={c['d_model']} h={c['n_heads']} d_k={c['d_k']} N={c['n_layers']} "
+        f"d_ff={c['d_ff']} vocab={c['vocab_size']}, {c['norm']}, {c['positional']} positions"
+        + (f", {c['differs']}" if c.get("differs") else ""),
+        f"source: {trace.source}",
+        f"{SEARCH_NAME[trace.search]}: {trace.translation}",
+        f"showing layers {_which(view.layers)}, heads {_which(view.heads)}, decoding steps "
+        f"{_which(view.steps)}; first {view.dims} dims per vector, {view.precision} decimals",
+        "names: encoder.{layer}.self_attn.head{h}.{leaf}; layers count from 0, heads from 1",
+        "",
+        "== tokens (SentencePiece pieces and ids; the source ends in </s>) ==",
+    ]
+    out += [
+        f"  {i:>3}  id {t:<6} {p!r}"
+        for i, (t, p) in enumerate(zip(trace.src_ids, trace.src_pieces, strict=True))
+    ]
+    for title, entries, step in sections(trace, view):
+        out += ["", f"== {title} =="]
+        for e in entries:
+            shape = "x".join(str(s) for s in e.value.shape)
+            out += ["", f"{e.name}  [{shape}]  {e.description}", *_table(e, view)]
+        if step is not None:
+            out += ["", *_top_k_lines(trace, step)]
+    out += [
+        "",
+        f"== {SEARCH_NAME[trace.search]}: {trace.translation!r} ==",
+        "pieces: " + " ".join(repr(p) for p in trace.tgt_pieces),
+    ]
+    if isinstance(trace.beam, BeamTrace):
+        out += ["", *beam_text(trace.beam)]
+    return "\n".join(out) + "\n"
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _which(chosen: tuple[int, ...] | None) -> str:
+    return "all" if chosen is None else ",".join(map(str, chosen))
+
+
+def beam_text(beam: BeamTrace) -> list[str]:
+    """Every step of a traced beam search as a table of candidates and their fate."""
+    out = [
+        f"== beam search: beam {beam.beam_size}, length penalty alpha={beam.alpha} ==",
+        "score = log p(Y) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha, |Y| = generated tokens "
+        "including </s> (GNMT). Each step examines the 2N best extensions by log p.",
+    ]
+    for step in beam.steps:
+        out += [
+            "",
+            f"-- step {step.t}: {_plural(len(step.live), 'live hypothesis', 'live hypotheses')} --",
+        ]
+        for i, h in enumerate(step.live):
+            out.append(f"  [{i}] {h.text():<40} log p = {h.log_prob:9.4f}  score = {h.score:9.4f}")
+        out.append("  rank  from  token             log p      score  status    why")
+        for c in step.candidates:
+            out.append(
+                f"  {c.rank:>4}  [{c.parent}]  {c.piece!r:<16} {c.log_prob:9.4f}  {c.score:9.4f}  "
+                f"{c.status:<8}  {c.reason}"
+            )
+    out += ["", f"stopped: {beam.stop_reason}", "finished hypotheses, best score first:"]
+    for h in sorted(beam.finished, key=lambda h: -h.score):
+        out.append(f"  score {h.score:9.4f}  log p {h.log_prob:9.4f}  {h.text()}   ({h.reason})")
+    if beam.finished:
+        out.append(f"beam search output: {beam.best.text()}")
+    return out
+
+
+# --- JSON ----------------------------------------------------------------------------------------
+
+
+def _jsonable(rows: list) -> list:
+    """-inf (masked scores) becomes null: strict JSON has no infinities."""
+    if rows and isinstance(rows[0], list):
+        return [_jsonable(r) for r in rows]
+    return [None if v == float("-inf") else v for v in rows]
+
+
+def to_json(trace: Explanation, view: View | None = None) -> dict:
+    """The trace as a JSON-ready dict (all dims of the chosen layers/heads/steps)."""
+    view = view or View()
+    view.check(trace)
+    tensors = []
+    for _title, entries, _step in sections(trace, view):
+        for e in entries:
+            tensors.append(
+                {
+                    "name": e.name,
+                    "description": e.description,
+                    "shape": list(e.value.shape),
+                    "rows": e.rows,
+                    "cols": e.cols,
+                    "data": _jsonable(e.value.double().round(decimals=view.precision + 4).tolist()),
+                }
+            )
+    out = {
+        "format": "aiayn.explain/2",  # 2: `search`, log-probabilities; beam `logprob` -> `log_prob`
+        "search": trace.search,
+        "config": trace.config,
+        "source": {"text": trace.source, "ids": trace.src_ids, "pieces": trace.src_pieces},
+        "translation": {
+            "text": trace.translation,
+            "ids": trace.tgt_ids,
+            "pieces": trace.tgt_pieces,
+            "log_prob": trace.hypothesis.log_prob if trace.hypothesis else None,
+            "score": trace.hypothesis.score if trace.hypothesis else None,
+        },
+        "steps": [
+            {
+                "t": s.t,
+                "input": s.input_piece,
+                "chosen": s.chosen_piece,
+                "top": [{"id": i, "piece": p, "prob": pr} for i, p, pr in s.top],
+            }
+            for s in trace.steps
+        ],
+        "tensors": tensors,
+    }
+    if isinstance(trace.beam, BeamTrace):
+        from dataclasses import asdict
+
+        out["beam"] = asdict(trace.beam)
+    return out
+
+
+def to_json_text(trace: Explanation, view: View | None = None) -> str:
+    return json.dumps(to_json(trace, view), ensure_ascii=False, allow_nan=False) + "\n"
+
+
+# --- HTML ----------------------------------------------------------------------------------------
+
+_CSS = """body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse;font:12px ui-monospace,monospace;margin:.3em 0 1em}
+td,th{padding:1px 6px;text-align:right;border:1px solid #eee}th{background:#f6f6f6}
+summary{cursor:pointer;font-family:ui-monospace,monospace}summary span{color:#666;
+font-family:system-ui}h2{margin-top:1.5em;border-bottom:1px solid #ccc}
+pre{background:#f8f8f8;padding:.5em}"""
+
+
+def _shade(v: float, scale: float, weights: bool) -> str:
+    if v == float("-inf") or scale == 0:
+        return "background:#ddd" if v == float("-inf") else ""
+    a = min(1.0, abs(v) / scale)
+    if weights:
+        return f"background:rgba(31,119,180,{a:.2f})"
+    return f"background:rgba({'214,39,40' if v > 0 else '31,119,180'},{0.6 * a:.2f})"
+
+
+def _html_table(e: Entry, view: View) -> str:
+    value = e.value.float()
+    if value.dim() == 1:
+        value = value[None]
+    n_cols = value.size(1)
+    shown = n_cols if e.cols is not None else min(n_cols, view.dims)
+    head = e.cols if e.cols is not None else [f"d{j}" for j in range(shown)]
+    finite = value[:, :shown][value[:, :shown].isfinite()]
+    scale = float(finite.abs().max()) if finite.numel() else 0.0
+    weights = e.name.endswith("weights")
+    rows = []
+    for r in range(value.size(0)):
+        label = e.rows[r] if r < len(e.rows) else str(r)
+        cells = "".join(
+            f'<td style="{_shade(float(v), scale, weights)}">{_fmt(float(v), view.precision)}</td>'
+            for v in value[r, :shown]
+        )
+        more = "<td>…</td>" if shown < n_cols else ""
+        rows.append(f"<tr><th>{html.escape(label)}</th>{cells}{more}</tr>")
+    ths = "".join(f"<th>{html.escape(h)}</th>" for h in head) + (
+        "<th>…</th>" if shown < n_cols else ""
+    )
+    return f"<table><tr><th></th>{ths}</tr>{''.join(rows)}</table>"
+
+
+def to_html(trace: Explanation, view: View | None = None) -> str:
+    """One self-contained page (no script, no network): a collapsible table per tensor."""
+    view = view or View()
+    view.check(trace)
+    esc = html.escape
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>aiayn explain: "
+        f"{esc(trace.source)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>aiayn explain</h1><p>source: <b>{esc(trace.source)}</b><br>"
+        f"{SEARCH_NAME[trace.search]}: "
+        f"<b>{esc(trace.translation)}</b></p><pre>{esc(json.dumps(trace.config))}</pre>",
+        "<h2>tokens</h2><table><tr><th>pos</th><th>id</th><th>piece</th></tr>",
+        *(
+            f"<tr><td>{i}</td><td>{t}</td><td>{esc(p)}</td></tr>"
+            for i, (t, p) in enumerate(zip(trace.src_ids, trace.src_pieces, strict=True))
+        ),
+        "</table>",
+    ]
+    for title, entries, step in sections(trace, view):
+        parts.append(f"<h2>{esc(title)}</h2>")
+        for e in entries:
+            parts.append(
+                f"<details><summary>{esc(e.name)} <span>[{'x'.join(map(str, e.value.shape))}] "
+                f"{esc(e.description)}</span></summary>{_html_table(e, view)}</details>"
+            )
+        if step is not None:
+            parts.append(f"<pre>{esc(chr(10).join(_top_k_lines(trace, step)))}</pre>")
+    if isinstance(trace.beam, BeamTrace):
+        parts.append(f"<h2>beam search</h2><pre>{esc(chr(10).join(beam_text(trace.beam)))}</pre>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def trace_settings(
+    cfg: DecodeConfig, top_k: int, max_len: int | None, beam: int, overrides: dict | None
+) -> tuple[DecodeConfig, DecodeConfig]:
+    """(the traced search's settings, the beam trace's), checked: a one-line AiaynError."""
+    import dataclasses
+
+    from aiayn.search.settings import check_decode_config
+
+    if top_k < 1:
+        raise AiaynError(f"--top-k must be at least 1, got {top_k}")
+    if max_len is not None and max_len < 1:
+        raise AiaynError(f"--max-len must be at least 1, got {max_len}")
+    if beam < 0:
+        raise AiaynError(f"--beam must be at least 1 (0 = no beam trace), got {beam}")
+    cfg = dataclasses.replace(cfg, **(overrides or {}))
+    beam_cfg = dataclasses.replace(cfg, beam_size=max(beam, 1), nbest=1, sample=False)
+    for c in (dataclasses.replace(cfg, beam_size=1, nbest=1), beam_cfg):
+        check_decode_config(c)
+    return cfg, beam_cfg
+
+
+def trace_sentence(
+    model: Transformer,
+    tok: Tokenizer,
+    sentence: str,
+    cfg: DecodeConfig,
+    *,
+    top_k: int = 5,
+    max_len: int | None = None,
+    beam: int = 0,
+    overrides: dict[str, object] | None = None,
+    want: Callable[[str], bool] | None = None,
+    max_numel: int | None = None,
+) -> Explanation:
+    """The trace `aiayn explain` renders and `aiayn serve`'s /v1/explain sends.
+
+    `cfg` is the model's saved search settings, with `overrides` (DecodeConfig fields)
+    replaced; the traced search is greedy, or sampling when `sample` is set, and `beam` > 0
+    also traces beam search of that size. `want` and `max_numel`: see `aiayn.glassbox.explain.explain`.
+    """
+    from aiayn.glassbox.explain import explain, trace_beam
+
+    cfg, beam_cfg = trace_settings(cfg, top_k, max_len, beam, overrides)
+    trace = explain(model, tok, sentence, top_k=top_k, max_len=max_len, cfg=cfg, want=want,
+                    max_numel=max_numel)  # fmt: skip
+    if beam:
+        trace.beam = trace_beam(model, tok, sentence, beam_cfg, max_len=max_len)
+    return trace
+
+
+def explain_report(
+    model_dir: str,
+    sentence: str,
+    *,
+    fmt: str = "text",
+    view: View | None = None,
+    top_k: int = 5,
+    max_len: int | None = None,
+    beam: int = 0,
+    device: str = "auto",
+    overrides: dict[str, object] | None = None,
+) -> str:
+    """What `aiayn explain` prints: load the model directory onto `device`, trace it with
+    `trace_sentence` and the model's saved `[decode]` table (as `aiayn translate` uses), render
+    as `fmt` (numbers are computed in fp32 wherever the model runs)."""
+    from aiayn.nn.model import Transformer
+    from aiayn.runtime.device import resolve_device
+    from aiayn.store.checkpoint import load_model_dir
+    from aiayn.text.tokenizer import Tokenizer
+    from aiayn.translate.translator import saved_decode_config
+
+    cfg = saved_decode_config(model_dir)
+    trace_settings(cfg, top_k, max_len, beam, overrides)  # bad settings fail before the load
+    model = load_model_dir(model_dir, resolve_device(device), expect=Transformer)
+    tok = Tokenizer.load(model_dir)
+    trace = trace_sentence(
+        model, tok, sentence, cfg, top_k=top_k, max_len=max_len, beam=beam, overrides=overrides
+    )
+    render = {"text": to_text, "json": to_json_text, "html": to_html}[fmt]
+    return render(trace, view)

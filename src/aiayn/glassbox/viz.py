@@ -1,0 +1,327 @@
+"""Pictures of a model at work: attention heatmaps (PNG), an interactive attention page (HTML),
+and training curves from a run's metrics log (PNG).
+
+Figures use matplotlib's object API on the Agg canvas (no pyplot, no global backend switch), so
+they work headless and never touch a caller's own matplotlib state.
+
+Dimension key: B batch, L layers, H heads, T target (query) length, S source (key) length.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from aiayn.errors import AiaynError
+from aiayn.nn.model import AttentionMaps, Transformer
+from aiayn.nn.tracing import tracing
+from aiayn.nn.variants import DecoderLM, EncoderClassifier
+from aiayn.text.data import pad_rows
+from aiayn.text.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+KINDS = {
+    "enc_self": "encoder self-attention",
+    "dec_self": "decoder masked self-attention",
+    "cross": "decoder cross-attention (encoder-decoder)",
+    "lm_self": "decoder-only causal self-attention",
+}
+AXES = {  # (rows, columns) of each kind's maps
+    "enc_self": ("source token (query)", "source token (key)"),
+    "dec_self": ("output token being produced (query)", "token fed to the decoder (key)"),
+    "cross": ("output token being produced (query)", "source token (key)"),
+    "lm_self": ("input token (query)", "input token (key)"),
+}
+
+
+@dataclass
+class AttentionExample:
+    """One sentence's attention maps, padding removed.
+
+    For a `Transformer` (translation), decoder rows are labelled by the token each position
+    *produced* (position t is fed token t-1, BOS first, and predicts token t); decoder
+    self-attention columns by the tokens *fed*. Encoder-only and decoder-only models have one
+    kind of map (`enc_self` or `lm_self`) over their input, and no output.
+    """
+
+    src: list[str]  # source pieces (keys of enc_self and cross)
+    out: list[str]  # produced pieces (queries of dec_self and cross)
+    fed: list[str]  # fed pieces: BOS + out[:-1] (keys of dec_self)
+    maps: dict[str, list[Tensor]]  # kind -> per layer (H, T_q, T_k)
+    translation: str = ""  # the output as text
+
+    def labels(self, kind: str) -> tuple[list[str], list[str]]:
+        """(row labels, column labels) of `kind`'s maps."""
+        return {
+            "enc_self": (self.src, self.src),
+            "dec_self": (self.out, self.fed),
+            "cross": (self.out, self.src),
+            "lm_self": (self.src, self.src),
+        }[kind]
+
+
+def write_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
+    """Save `fig` to `path` whole or not at all (the format from the suffix, else PNG)."""
+    import io
+
+    from aiayn.atomic import atomic_write_bytes
+
+    path = Path(path)
+    data = io.BytesIO()
+    fig.savefig(data, format=path.suffix.lstrip(".").lower() or "png", dpi=dpi)
+    atomic_write_bytes(path, data.getvalue())
+    return path
+
+
+def examples_from_maps(
+    tok: Tokenizer, src_BS: Tensor, tgt_in_BT: Tensor, tgt_out_BT: Tensor, maps: AttentionMaps
+) -> list[AttentionExample]:
+    """Split a batch's `AttentionMaps` into per-sentence examples without their PAD rows/columns.
+
+    Args:
+        src_BS, tgt_in_BT, tgt_out_BT: right-padded ids; tgt_out is tgt_in shifted left.
+        maps: `AttentionMaps.from_trace(trace)` of `model(src_BS, tgt_in_BT)` under `tracing()`.
+    """
+    out = []
+    for b in range(src_BS.size(0)):
+        S = int((src_BS[b] != tok.pad_id).sum())
+        # tgt_out has no BOS: counted there, since BOS may be PAD (Marian starts from PAD)
+        T = int((tgt_out_BT[b] != tok.pad_id).sum())
+        ex = AttentionExample(
+            tok.pieces(src_BS[b, :S].tolist()),
+            tok.pieces(tgt_out_BT[b, :T].tolist()),
+            tok.pieces(tgt_in_BT[b, :T].tolist()),
+            {
+                "enc_self": [m[b, :, :S, :S] for m in maps.enc_self],
+                "dec_self": [m[b, :, :T, :T] for m in maps.dec_self],
+                "cross": [m[b, :, :T, :S] for m in maps.cross],
+            },
+        )
+        out.append(ex)
+    return out
+
+
+@torch.no_grad()
+def attention_for_translations(
+    model: Transformer, tok: Tokenizer, sentences: list[str], max_len: int | None = None
+) -> list[AttentionExample]:
+    """Translate each sentence greedily (as `aiayn translate --beam 1`), then take the attention
+    maps of one teacher-forced pass over the translation the model actually produced."""
+    from aiayn.glassbox.explain import greedy_translate
+
+    pairs = [greedy_translate(model, tok, s, max_len) for s in sentences]
+    src_BS = pad_rows([src for src, _ in pairs], tok.pad_id)
+    tgt_in_BT = pad_rows([[tok.bos_id, *out[:-1]] for _, out in pairs], tok.pad_id)
+    tgt_out_BT = pad_rows([out for _, out in pairs], tok.pad_id)
+    model.eval()
+    device = next(model.parameters()).device
+    with tracing() as trace:  # the maps come from the taps, as in `aiayn explain`
+        model(src_BS.to(device), tgt_in_BT.to(device))
+    maps = AttentionMaps.from_trace(trace)
+    maps = AttentionMaps(  # pictures are drawn on the CPU
+        *([m.cpu() for m in kind] for kind in (maps.enc_self, maps.dec_self, maps.cross))
+    )
+    examples = examples_from_maps(tok, src_BS, tgt_in_BT, tgt_out_BT, maps)
+    for ex, (_, out) in zip(examples, pairs, strict=True):
+        ex.translation = tok.decode(out)
+    return examples
+
+
+@torch.no_grad()
+def attention_for_inputs(
+    model: EncoderClassifier | DecoderLM, tok: Tokenizer, sentences: list[str]
+) -> list[AttentionExample]:
+    """Encoder-only and decoder-only models: the self-attention over each input (no output).
+
+    The weights are recorded by `tracing()` from the model's own forward pass.
+    """
+    kind = "enc_self" if isinstance(model, EncoderClassifier) else "lm_self"
+    ids = [tok.encode(s, bos=kind == "lm_self") for s in sentences]
+    ids_BS = pad_rows(ids, tok.pad_id)
+    model.eval()
+    with tracing() as rec:
+        model(ids_BS.to(next(model.parameters()).device))
+    maps = [w.cpu() for name, w in rec.tensors.items() if name.endswith(".self_attn.weights")]
+    return [
+        AttentionExample(tok.pieces(row), [], [], {kind: [m[b, :, : len(row), : len(row)]
+                                                          for m in maps]})
+        for b, row in enumerate(ids)
+    ]  # fmt: skip
+
+
+def attention_for_model(
+    model: object, tok: Tokenizer, sentences: list[str], max_len: int | None = None
+) -> list[AttentionExample]:
+    """Any aiayn model: translations for a `Transformer`, the inputs' self-attention otherwise."""
+    if not sentences:
+        raise AiaynError("no sentences to show")
+    vocab = getattr(getattr(model, "cfg", None), "vocab_size", None)
+    if vocab != tok.vocab_size:
+        raise AiaynError(f"tokenizer has {tok.vocab_size} pieces, the model {vocab}")
+    if isinstance(model, Transformer):
+        return attention_for_translations(model, tok, sentences, max_len)
+    if isinstance(model, EncoderClassifier | DecoderLM):
+        return attention_for_inputs(model, tok, sentences)
+    raise AiaynError(f"no attention pictures for a {type(model).__name__}")
+
+
+# --- PNG heatmaps ---------------------------------------------------------------------------------
+
+
+def plot_attention_grid(
+    maps_L: list[Tensor], rows: list[str], cols: list[str], title: str, axis_names=("", "")
+) -> Figure:
+    """One heatmap per layer (grid rows) and head (grid columns), plus each layer's head mean.
+
+    Args:
+        maps_L: per layer, weights (H, T_q, T_k); rows/cols label T_q and T_k.
+        axis_names: what the rows (queries) and columns (keys) are, for the axis labels.
+    """
+    L, H = len(maps_L), maps_L[0].size(0)
+    cell = max(1.8, 0.22 * max(len(rows), len(cols)) + 0.9)
+    fig = Figure(figsize=(cell * (H + 1), cell * L + 0.8), layout="constrained")
+    fig.suptitle(title)
+    axes = fig.subplots(L, H + 1, squeeze=False)
+    vmax = max(float(m.max()) for m in maps_L) or 1.0
+    image = None
+    for layer, m_HTS in enumerate(maps_L):
+        panels = [*m_HTS, m_HTS.mean(0)]
+        for h, w_TS in enumerate(panels):
+            ax = axes[layer][h]
+            image = ax.imshow(w_TS.float().numpy(), cmap="viridis", vmin=0.0, vmax=vmax)
+            ax.set_title(f"layer {layer} · " + (f"head {h + 1}" if h < H else "mean of heads"),
+                         fontsize=8)  # fmt: skip
+            ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=6)
+            ax.set_yticks(range(len(rows)), rows, fontsize=6)
+    assert image is not None  # maps_L holds at least one layer
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    fig.supylabel(axis_names[0] or "query")
+    fig.supxlabel(axis_names[1] or "key")
+    return fig
+
+
+def plot_attention_average(ex: AttentionExample, title: str) -> Figure:
+    """Each kind of attention averaged over all layers and heads, side by side."""
+    fig = Figure(figsize=(4.7 * len(ex.maps), 5), layout="constrained")
+    fig.suptitle(title)
+    axes = fig.subplots(1, len(ex.maps), squeeze=False)[0]
+    for ax, kind in zip(axes, ex.maps, strict=True):
+        w_TS = torch.stack(ex.maps[kind]).mean((0, 1))
+        rows, cols = ex.labels(kind)
+        image = ax.imshow(w_TS.float().numpy(), cmap="viridis", vmin=0.0)
+        ax.set_title(f"{KINDS[kind]}\nmean over layers and heads", fontsize=9)
+        ax.set_ylabel(AXES[kind][0], fontsize=8)
+        ax.set_xlabel(AXES[kind][1], fontsize=8)
+        ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(rows)), rows, fontsize=7)
+        fig.colorbar(image, ax=ax, shrink=0.7)
+    return fig
+
+
+def attention_figures(ex: AttentionExample) -> dict[str, Figure]:
+    """File name -> figure: enc_self.png, dec_self.png, cross.png (grids) and average.png."""
+    src = " ".join(ex.src)
+    figs = {}
+    for kind in ex.maps:
+        name, rows, cols = KINDS[kind], *ex.labels(kind)
+        title = f"{name}\nsource: {src}"
+        figs[f"{kind}.png"] = plot_attention_grid(ex.maps[kind], rows, cols, title, AXES[kind])
+    title = f"source: {src}\noutput: {' '.join(ex.out)}"
+    figs["average.png"] = plot_attention_average(ex, title)
+    return figs
+
+
+# --- training curves ---------------------------------------------------------------------------
+
+
+def read_metrics(path: str | Path) -> tuple[list[dict], int]:
+    """Records of a metrics.jsonl, and how many lines were not JSON objects (skipped).
+
+    A resumed run may log a step twice: the later record wins.
+    """
+    records: dict[tuple[bool, float], dict] = {}
+    bad = 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1
+                continue
+            if not isinstance(rec, dict) or not isinstance(rec.get("step"), int | float):
+                bad += 1
+                continue
+            is_valid = any(k.startswith("valid_") for k in rec)
+            records[(is_valid, rec["step"])] = rec
+    return sorted(records.values(), key=lambda r: r["step"]), bad
+
+
+CURVES = [  # panel title, [(key, label)], log scale
+    ("loss", [("loss", "train (label-smoothed)"), ("valid_loss", "valid")], False),
+    ("perplexity", [("ppl", "train"), ("valid_ppl", "valid")], True),
+    ("learning rate", [("lr", "lr")], False),
+    ("BLEU", [("valid_bleu", "valid BLEU")], False),
+    # hypothesis / reference length and BLEU's brevity penalty: below 1 = translations too short
+    (
+        "length",
+        [("valid_length_ratio", "hyp / ref length"), ("valid_bp", "brevity penalty")],
+        False,
+    ),
+]
+
+
+def plot_training_log(run_dir: str | Path) -> Figure:
+    """Loss, perplexity, learning rate and (when logged) BLEU and the length ratio against the
+    training step."""
+    path = Path(run_dir)
+    path = path / "metrics.jsonl" if path.is_dir() else path
+    if not path.exists():
+        raise AiaynError(f"no metrics log at {path} (aiayn train writes RUN_DIR/metrics.jsonl)")
+    records, bad = read_metrics(path)
+    if bad:
+        log.warning("%s: skipped %d lines that are not metric records", path, bad)
+    panels = []
+    for title, keys, log_y in CURVES:
+        series = []
+        for key, label in keys:
+            pts = [(r["step"], r[key]) for r in records if _finite(r.get(key))]
+            if pts:
+                series.append((label, pts))
+        if series:
+            panels.append((title, series, log_y))
+    if not panels:
+        raise AiaynError(f"{path}: no loss, perplexity, learning rate or BLEU records to plot")
+    n_cols = 2 if len(panels) > 2 else len(panels)
+    n_rows = math.ceil(len(panels) / n_cols)
+    fig = Figure(figsize=(6 * n_cols, 3.8 * n_rows), layout="constrained")
+    fig.suptitle(f"training curves: {path.parent.name or path}")
+    axes = fig.subplots(n_rows, n_cols, squeeze=False).flatten()
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    for ax, (title, series, log_y) in zip(axes, panels, strict=False):
+        for label, pts in series:
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=label)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if log_y and all(y > 0 for _, pts in series for _, y in pts):
+            ax.set_yscale("log")
+        if title == "learning rate":
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return fig
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)

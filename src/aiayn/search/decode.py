@@ -1,0 +1,436 @@
+"""Search: greedy, batched beam search and sampling over a narrow model interface (§6.1).
+
+Search code sees only four things, so any model (including a scripted fake in the tests) that
+provides them can be searched:
+
+    memory = model.encode(src_BS)                               once per batch
+    cache = model.init_cache(memory, capacity)                  preallocated KV buffers
+    logits_RV, cache = model.decode_step(tokens_RT, memory, cache)
+    cache = cache.index_select(rows_R, cross=...)               reorder / drop rows
+
+plus `model.cfg`: `max_len` (the positional table bounds the output length) and the special
+ids `pad_id`, `bos_id` (the token the decoder starts from) and `eos_id`.
+
+Dimension key: B sentences, N beam, R = rows of the search batch (B * N for beam search),
+T output length, V vocabulary, S source length, C = 2N candidates per sentence (K is d_k).
+
+Conventions (shared by every search here):
+- A hypothesis's `tokens` exclude BOS and EOS; `eos` says whether it ended with EOS.
+- `max_len` counts output tokens without EOS, per sentence `a * src_len + b` (src_len counts
+  the source's real tokens, its EOS included), capped by the model's `max_len` and by
+  `cfg.max_tokens` when it is set (a server's work budget). A hypothesis
+  that reaches it stops there without EOS, as in Hugging Face `generate()`.
+- PAD and BOS are never emitted; EOS is forbidden until a hypothesis has `min_len` tokens.
+- `log_prob` is the sum of the model's log-probabilities of the tokens (and of EOS when the
+  hypothesis ended with it); `score = log_prob / length_penalty(len(tokens) + eos, alpha)`.
+
+Stopping a search: inside `with stop_when(condition):` every search calls `condition()` once
+per decoding step and raises `SearchStoppedError` when it is true (a server abandons the work of a
+client that left, or whose deadline passed, within one step).
+
+Observing a search: every search takes `on_step`, a function called once per decoding step
+with a `StepView` (what was live, what the model said, every candidate's fate). With
+`on_step=None` nothing is built. `aiayn.glassbox.explain` is made this way, so what learners are shown
+is this search and no copy of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from aiayn.config import DecodeConfig, ModelConfig
+from aiayn.errors import AiaynError
+from aiayn.nn.kv_cache import KVCache, Memory
+from aiayn.search.settings import (
+    Hypothesis,
+    check_decode_config,
+    inverse_cdf_sample,
+    length_penalty,
+    max_output_lengths,
+    output_cap,
+    sample_seed,
+    top_k_filter,
+    top_p_filter,
+)
+from aiayn.search.views import (
+    BeamState,
+    OnStep,
+    SingleRows,
+    TopK,
+    beam_view,
+    ending_candidates,
+    single_view,
+)
+
+
+class Decodable(Protocol):
+    """The narrow interface search code uses (a `Transformer`, or a scripted fake in tests)."""
+
+    cfg: ModelConfig  # max_len bounds the output; pad_id, bos_id, eos_id are the special ids
+
+    def encode(self, src_BS: Tensor) -> Memory: ...
+
+    def init_cache(self, memory: Memory, capacity: int) -> KVCache: ...
+
+    def decode_step(
+        self, tokens_BT: Tensor, memory: Memory, cache: KVCache
+    ) -> tuple[Tensor, KVCache]: ...
+
+
+@contextlib.contextmanager
+def _inference(model: object) -> Iterator[None]:
+    """Eval mode (no dropout) and no autograd for the duration; restores training mode."""
+    was_training = bool(getattr(model, "training", False))
+    if was_training:
+        model.eval()  # type: ignore[attr-defined]
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        if was_training:
+            model.train()  # type: ignore[attr-defined]
+
+
+def _limits(model: Decodable, memory: Memory, cfg: DecodeConfig) -> Tensor:
+    src_len_B, cap = memory.keep_BS.sum(1), output_cap(cfg, model.cfg.max_len)
+    return max_output_lengths(src_len_B, cfg.max_len_a, cfg.max_len_b, cap)
+
+
+class SearchStoppedError(AiaynError):
+    """A search's `stop_when` condition became true: its results are abandoned."""
+
+
+_STOP: ContextVar[Callable[[], bool] | None] = ContextVar("aiayn_stop", default=None)
+
+
+@contextlib.contextmanager
+def stop_when(condition: Callable[[], bool]) -> Iterator[None]:
+    """Every search in the block asks `condition()` once per step and stops when it is true."""
+    token = _STOP.set(condition)
+    try:
+        yield
+    finally:
+        _STOP.reset(token)
+
+
+def _check_stop(t: int) -> None:
+    condition = _STOP.get()
+    if condition is not None and condition():
+        raise SearchStoppedError(f"search stopped at step {t}")
+
+
+def _forbid(scores_RV: Tensor, model_cfg: ModelConfig, no_eos: bool) -> None:
+    """Never emit PAD or BOS; no EOS before the minimum length. In place, after normalising."""
+    scores_RV[:, model_cfg.pad_id] = float("-inf")
+    scores_RV[:, model_cfg.bos_id] = float("-inf")
+    if no_eos:
+        scores_RV[:, model_cfg.eos_id] = float("-inf")
+
+
+# (log-probabilities (R, V), original row of each live row (R,), step t)
+#   -> (next token ids (R,), their log-probabilities (R,))
+Pick = Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]
+
+
+def _pick_best(lp_rV: Tensor, rows_r: Tensor, t: int) -> tuple[Tensor, Tensor]:
+    """Greedy: the most probable token. `max` gives the value with its index in one pass over
+    V (argmax, then gathering the value, costs a second op; both keep the first of equal maxima).
+    """
+    lp_r, next_r = lp_rV.max(-1)
+    return next_r, lp_r
+
+
+def _search_single(
+    model: Decodable,
+    src_BS: Tensor,
+    cfg: DecodeConfig,
+    pick: Pick,
+    *,
+    use_cache: bool = True,
+    on_step: OnStep | None = None,
+    kind: str = "greedy",
+    per_sent: int = 1,
+) -> list[Hypothesis]:
+    """Extend one hypothesis per row until EOS or its length limit.
+
+    Finished rows leave the batch at once (their memory and cache rows are dropped), so late
+    steps only pay for sentences still being written. Rows r * per_sent .. are one sentence's.
+    """
+    R, device, special = src_BS.size(0), src_BS.device, model.cfg
+    if R == 0:
+        return []
+    memory = model.encode(src_BS)
+    max_len_R = _limits(model, memory, cfg)
+    T = int(max_len_R.max())
+    cache = model.init_cache(memory, T) if use_cache else None
+    out_RT = src_BS.new_full((R, T), special.pad_id)
+    log_prob_R = torch.zeros(R, dtype=torch.float64, device=device)
+    length_R = torch.zeros(R, dtype=torch.long, device=device)
+    eos_R = torch.zeros(R, dtype=torch.bool, device=device)
+    rows_r = torch.arange(R, device=device)  # original row of each live row
+    tok_r1 = src_BS.new_full((R, 1), special.bos_id)
+    for t in range(T):
+        _check_stop(t)
+        if cache is not None:
+            logits_rV, cache = model.decode_step(tok_r1, memory, cache)
+        else:  # recompute the whole prefix (the benchmark's and tests' reference)
+            bos_r1 = src_BS.new_full((len(rows_r), 1), special.bos_id)
+            prefix_rt = torch.cat([bos_r1, out_RT[rows_r, :t]], 1)
+            fresh = model.init_cache(memory, t + 1)
+            logits_rV, _ = model.decode_step(prefix_rt, memory, fresh)
+        lp_rV = logits_rV.float().log_softmax(-1)  # one fused pass (cheaper than logsumexp)
+        _forbid(lp_rV, special, t < cfg.min_len)
+        next_r, lp_r = pick(lp_rV, rows_r, t)
+        is_eos_r = next_r == special.eos_id
+        done_r = is_eos_r | (t + 1 >= max_len_R[rows_r])
+        if on_step is not None:
+            before = SingleRows(rows_r, out_RT[rows_r, :t], log_prob_R[rows_r], per_sent)
+            picked = (next_r, lp_r, is_eos_r, done_r)
+            on_step(single_view(kind, t, cfg.alpha, before, logits_rV, lp_rV, picked))
+        log_prob_R[rows_r] += lp_r.double()
+        out_RT[rows_r, t] = next_r
+        if bool(done_r.any()):
+            done_rows = rows_r[done_r]
+            eos_R[rows_r[is_eos_r]] = True
+            length_R[done_rows] = t + 1 - is_eos_r[done_r].long()
+            keep_r = (~done_r).nonzero()[:, 0]
+            if len(keep_r) == 0:
+                break
+            rows_r, next_r = rows_r[keep_r], next_r[keep_r]
+            memory = memory.index_select(keep_r)
+            if cache is not None:
+                cache = cache.index_select(keep_r, cross=True)
+        tok_r1 = next_r[:, None]
+    return _collect(out_RT, length_R, eos_R, log_prob_R, cfg.alpha)
+
+
+def _collect(
+    out_RT: Tensor, length_R: Tensor, eos_R: Tensor, log_prob_R: Tensor, alpha: float
+) -> list[Hypothesis]:
+    hyps = []
+    for row, n, eos, lp in zip(
+        out_RT.tolist(), length_R.tolist(), eos_R.tolist(), log_prob_R.tolist(), strict=True
+    ):
+        hyps.append(Hypothesis(row[:n], lp, lp / length_penalty(n + eos, alpha), eos))
+    return hyps
+
+
+def greedy_search(
+    model: Decodable,
+    src_BS: Tensor,
+    cfg: DecodeConfig | None = None,
+    *,
+    use_cache: bool = True,
+    on_step: OnStep | None = None,
+) -> list[Hypothesis]:
+    """Argmax decoding, one `Hypothesis` per source row (uses cfg's length limits and alpha).
+
+    Shapes: src_BS (B, S) right-padded source ids. `use_cache=False` recomputes the decoder
+    over the whole prefix at every step (a reference for tests and the benchmark).
+    `on_step` is called with a `StepView` after every step (module docstring).
+    """
+    cfg = cfg or DecodeConfig()
+    check_decode_config(cfg)
+    with _inference(model):
+        return _search_single(model, src_BS, cfg, _pick_best, use_cache=use_cache, on_step=on_step)
+
+
+def greedy_decode(
+    model: Decodable, src_BS: Tensor, max_len: int | None = None, *, min_len: int = 0
+) -> list[list[int]]:
+    """Greedy translations as token ids (no BOS/EOS), e.g. for validation BLEU in training.
+
+    Args:
+        model: a `Transformer` (switched to eval mode for the call, then restored).
+        src_BS: (B, S) right-padded source ids, each ending in EOS.
+        max_len: at most this many output tokens per sentence; default source length + 50.
+        min_len: forbid EOS before this many tokens.
+    Returns:
+        B lists of target ids; `Tokenizer.decode` turns each into text.
+    """
+    cfg = DecodeConfig(beam_size=1, min_len=min_len)
+    if max_len is not None:
+        cfg = dataclasses.replace(cfg, max_len_a=0.0, max_len_b=max_len)
+    return [h.tokens for h in greedy_search(model, src_BS, cfg)]
+
+
+def sample_search(
+    model: Decodable,
+    src_BS: Tensor,
+    cfg: DecodeConfig,
+    *,
+    row_seeds: Sequence[int] | None = None,
+    on_step: OnStep | None = None,
+) -> list[list[Hypothesis]]:
+    """`cfg.nbest` samples per sentence with temperature, top-k and top-p.
+
+    Sentence i draws its samples from its own generator, seeded `row_seeds[i]` (default: every
+    sentence `sample_seed(cfg.seed, 1)`, as if it were line 1 of a file), so its samples do not
+    depend on the other sentences of the batch. Scores are the model's own log-probabilities
+    (temperature 1, unfiltered), so the samples of a sentence are ranked best first.
+    """
+    check_decode_config(cfg)
+    B, n, device = src_BS.size(0), cfg.nbest, src_BS.device
+    seeds = [sample_seed(cfg.seed, 1)] * B if row_seeds is None else list(row_seeds)
+    if len(seeds) != B:
+        raise ValueError(f"{len(seeds)} row seeds for {B} sentences")
+    u_RT = _uniforms(seeds, n, model.cfg.max_len).to(device)
+
+    # A tiny temperature must not overflow into NaN: shifted so each row's best is 0, the
+    # scaled scores are 0 for the best and -inf at worst (dividing by at least the type's
+    # smallest normal number: a float64 temperature can be 0 in float32).
+    def pick(lp_rV: Tensor, rows_r: Tensor, t: int) -> tuple[Tensor, Tensor]:
+        temperature = max(cfg.temperature, torch.finfo(lp_rV.dtype).tiny)
+        scaled_rV = (lp_rV - lp_rV.max(-1, keepdim=True).values) / temperature
+        logits_rV = top_p_filter(top_k_filter(scaled_rV, cfg.top_k), cfg.top_p)
+        next_r = inverse_cdf_sample(logits_rV.softmax(-1), u_RT[rows_r, t])
+        return next_r, lp_rV.gather(1, next_r[:, None])[:, 0]
+
+    rows = torch.arange(B, device=device).repeat_interleave(n)
+    with _inference(model):
+        flat = _search_single(
+            model, src_BS.index_select(0, rows), cfg, pick, on_step=on_step, kind="sample",
+            per_sent=n,
+        )  # fmt: skip
+    groups = [flat[i : i + n] for i in range(0, len(flat), n)]
+    return [sorted(g, key=lambda h: -h.score) for g in groups]
+
+
+def _uniforms(seeds: list[int], n: int, T: int) -> Tensor:
+    """(len(seeds) * n, T) float64 uniforms in [0, 1): sentence i's n samples read the stream
+    of a CPU generator seeded seeds[i] (one number per step), whatever the device."""
+    per_sent = [
+        torch.rand(n, T, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+        for s in seeds
+    ]
+    return torch.cat(per_sent) if per_sent else torch.zeros(0, T, dtype=torch.float64)
+
+
+def beam_search(
+    model: Decodable, src_BS: Tensor, cfg: DecodeConfig, *, on_step: OnStep | None = None
+) -> list[list[Hypothesis]]:
+    """Batched beam search: every sentence's beams in one (B * N)-row tensor (§6.1).
+
+    Each step scores all N * V extensions of a sentence's beams by cumulative log-probability
+    and takes the 2N best. An EOS among the N best ends a hypothesis, which is set aside with
+    its length-penalised score and never extended; the N best non-EOS extensions stay alive.
+    A sentence is done (early termination, as in fairseq) once N hypotheses have ended, or when
+    its beams reach its length limit, where the N best candidates end as they are. Done
+    sentences leave the batch. Returns, per sentence, the `cfg.nbest` best by score.
+    `on_step` is called with a `StepView` after every step (module docstring).
+    """
+    check_decode_config(cfg)
+    with _inference(model):
+        return _beam_search(model, src_BS, cfg, on_step)
+
+
+def _beam_search(
+    model: Decodable, src_BS: Tensor, cfg: DecodeConfig, on_step: OnStep | None
+) -> list[list[Hypothesis]]:
+    B, N, device, special = src_BS.size(0), cfg.beam_size, src_BS.device, model.cfg
+    if B == 0:
+        return []
+    memory = model.encode(src_BS)
+    max_len_b = _limits(model, memory, cfg)
+    T = int(max_len_b.max())
+    # The first step feeds only BOS, the same for every beam: it runs on one row per sentence,
+    # and its N best tokens then fan out into N beams (cross-attention K/V copied, not redone).
+    cache = model.init_cache(memory, T)
+    tokens_rT = src_BS.new_full((B, T + 1), special.pad_id)
+    tokens_rT[:, 0] = special.bos_id
+    scores_bn = torch.zeros(B, 1, device=device)  # n = live beams per sentence: 1, then N
+    sents = list(range(B))  # original index of each live sentence
+    ended: list[list[Hypothesis]] = [[] for _ in range(B)]
+    for t in range(T):
+        _check_stop(t)
+        b, n = scores_bn.shape
+        logits_rV, cache = model.decode_step(tokens_rT[:, t : t + 1], memory, cache)
+        lp_rV = logits_rV.float().log_softmax(-1)
+        _forbid(lp_rV, special, t < cfg.min_len)
+        V = lp_rV.size(-1)
+        cand_bnV = scores_bn[:, :, None] + lp_rV.view(b, n, V)
+        top_bC, idx_bC = cand_bnV.view(b, n * V).topk(min(2 * N, n * V), dim=-1)  # C = 2N
+        tok_bC = idx_bC % V
+        top = TopK(top_bC, idx_bC // V, tok_bC, tok_bC == special.eos_id)
+        last = (t + 1 >= max_len_b).tolist()
+        before = None if on_step is None else [len(ended[s]) for s in sents]
+        done = _set_aside(ended, sents, t, cfg, last, tokens_rT, top)
+        # The N best non-EOS candidates stay alive (a stable sort keeps their score order).
+        alive_bN = top.is_eos_bC.sort(dim=1, stable=True).indices[:, :N]
+        if on_step is not None and before is not None:
+            state = BeamState(sents, tokens_rT, scores_bn, ended, before, last, done)
+            on_step(beam_view(t, cfg, state, logits_rV, lp_rV, top, alive_bN))
+        scores_bn = top_bC.gather(1, alive_bN)
+        parent_bN = top.beam_bC.gather(1, alive_bN) + torch.arange(b, device=device)[:, None] * n
+        parent_r, next_r = parent_bN.view(-1), tok_bC.gather(1, alive_bN).view(-1)
+        if any(done):  # done sentences leave the batch
+            keep_b = torch.tensor([i for i in range(b) if not done[i]], device=device)
+            if len(keep_b) == 0:
+                break
+            sents = [s for s, d in zip(sents, done, strict=True) if not d]
+            keep_r = (keep_b[:, None] * N + torch.arange(N, device=device)).view(-1)
+            parent_r, next_r = parent_r[keep_r], next_r[keep_r]
+            scores_bn, max_len_b = scores_bn[keep_b], max_len_b[keep_b]
+        if any(done) or n != N:
+            memory = memory.index_select(parent_r)
+            cache = cache.index_select(parent_r, cross=True)
+        else:  # beams only move within their sentence: cross-attention K/V stay as they are
+            cache = cache.index_select(parent_r, cross=False)
+        tokens_rT = tokens_rT.index_select(0, parent_r)
+        tokens_rT[:, t + 1] = next_r
+    return [sorted(h, key=lambda h: -h.score)[: cfg.nbest] for h in ended]
+
+
+def _set_aside(
+    ended: list[list[Hypothesis]],
+    sents: list[int],
+    t: int,
+    cfg: DecodeConfig,
+    last: list[bool],
+    tokens_rT: Tensor,
+    top: TopK,
+) -> list[bool]:
+    """Move the hypotheses that end at step t into `ended`; return which sentences are done.
+
+    A sentence keeps at most N ended hypotheses (the first N, in score order within a step).
+    Few end per step, so a Python loop is cheap.
+    """
+    N, alpha = cfg.beam_size, cfg.alpha
+    n = tokens_rT.size(0) // len(sents)
+    for i, j in ending_candidates(top, last, N).nonzero().tolist():
+        s = sents[i]
+        if len(ended[s]) >= N:
+            continue
+        eos = bool(top.is_eos_bC[i, j])
+        row = i * n + int(top.beam_bC[i, j])
+        toks = tokens_rT[row, 1 : t + 1].tolist() + ([] if eos else [int(top.tok_bC[i, j])])
+        lp = float(top.scores_bC[i, j])
+        ended[s].append(Hypothesis(toks, lp, lp / length_penalty(t + 1, alpha), eos))
+    return [last[i] or len(ended[s]) >= N for i, s in enumerate(sents)]
+
+
+def search(
+    model: Decodable,
+    src_BS: Tensor,
+    cfg: DecodeConfig,
+    *,
+    row_seeds: Sequence[int] | None = None,
+    on_step: OnStep | None = None,
+) -> list[list[Hypothesis]]:
+    """The search `cfg` asks for: sampling, greedy (beam 1, nbest 1) or beam search.
+
+    `row_seeds` (sampling only): one generator seed per source row (`sample_search`).
+    """
+    check_decode_config(cfg)
+    if cfg.sample:
+        return sample_search(model, src_BS, cfg, row_seeds=row_seeds, on_step=on_step)
+    if cfg.beam_size == 1:
+        return [[h] for h in greedy_search(model, src_BS, cfg, on_step=on_step)]
+    return beam_search(model, src_BS, cfg, on_step=on_step)

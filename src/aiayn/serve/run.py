@@ -1,0 +1,88 @@
+"""Running `aiayn serve`: load a model directory (or an export), listen, serve until SIGTERM,
+drain, and count what was accepted and answered."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from aiayn.errors import AiaynError
+from aiayn.serve.app import ServeOptions, create_app
+from aiayn.translate.translator import Translator
+
+
+def load_any(model_dir: Path, device: str, dtype: str, threads: int) -> Translator:
+    """The translator of an aiayn model directory, or of an `aiayn export` directory
+    (CTranslate2 or ONNX Runtime: the same API, the engine's own search; nothing to trace)."""
+    from aiayn.interop.engines import load_translator
+    from aiayn.interop.export_dir import is_export_dir
+
+    if is_export_dir(model_dir):
+        return load_translator(model_dir, device=device, dtype=dtype, threads=threads)
+    return Translator.load(model_dir, device=device, dtype=dtype)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (port 0 = any free port): a clear error if taken."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as e:
+        raise AiaynError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)
+    return sock
+
+
+def serve(model_dir: Path, opts: ServeOptions, *, device: str = "auto", dtype: str = "auto",
+          threads: int = 0, announce: Callable[[str], None] = print) -> dict[str, int]:  # fmt: skip
+    """Load the model and serve until SIGTERM or Ctrl-C; a SIGTERM drains and returns the
+    count of requests accepted and answered (equal unless a client went away mid-answer).
+
+    On SIGTERM uvicorn stops accepting connections, answers every request it has accepted,
+    then runs the app's shutdown (the model worker answers what is queued and stops).
+    """
+    import uvicorn
+
+    if not is_loopback(opts.host) and not opts.api_key:
+        raise AiaynError(f"--host {opts.host} is reachable from other machines: give --api-key "
+                         "KEY (or set AIAYN_API_KEY), or serve on 127.0.0.1")  # fmt: skip
+    translator = load_any(model_dir, device, dtype, threads)
+    app = create_app(translator, model_dir, opts)
+    sock = listen(opts.host, opts.port)
+    host, port = sock.getsockname()[:2]
+    # uvicorn's own access log would write query strings (and so `?api_key=`): `Accounting`
+    # writes one without them.
+    # limit_concurrency: past it, a new connection gets a 503 at once instead of a task.
+    config = uvicorn.Config(
+        app, log_level="info", access_log=False, timeout_keep_alive=5,
+        limit_concurrency=opts.max_connections, server_header=False,
+    )  # fmt: skip
+    if opts.access_log:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    server = uvicorn.Server(config)
+    where = f"[{host}]" if ":" in host else host
+    announce(f"aiayn serve: {model_dir} ({translator.device}) on http://{where}:{port}/")
+    # uvicorn re-raises the SIGTERM it handled once it has drained; a handler that does
+    # nothing turns that into a normal return, so the process exits 0.
+    previous = signal.signal(signal.SIGTERM, lambda _sig, _frame: None)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        sock.close()
+    return {"accepted": app.state.server.accepted, "answered": app.state.server.answered}

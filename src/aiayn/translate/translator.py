@@ -1,0 +1,375 @@
+"""Text in, text out: `Translator.load(dir).translate(["Hallo Welt"], beam=4) -> list[str]`.
+
+The translator reads lines (a list, a file or a stream), encodes them, sorts each buffer of
+lines by length and cuts it into batches under a token budget (so padding stays small), runs
+the search of `aiayn.search.decode`, and gives back exactly one result per input line, in input
+order. Empty (or blank) lines translate to empty lines without touching the model.
+
+A source longer than the model's positional table (`max_len` tokens) cannot be encoded: it is
+truncated to its first `max_len - 1` tokens plus EOS, with a warning that names the line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from tqdm import tqdm
+
+from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, from_dict, read_run_config
+from aiayn.errors import CheckpointError, ConfigError, DataError
+from aiayn.nn.model import Transformer
+from aiayn.runtime.device import Precision, choose_precision, resolve_device
+from aiayn.search.decode import search
+from aiayn.search.settings import Hypothesis, check_decode_config, sample_seed
+from aiayn.store.checkpoint import load_model_dir
+from aiayn.text.data import cut_batches, pad_rows, read_lines
+from aiayn.text.tokenizer import Tokenizer
+from aiayn.translate.metrics import bleu, bleu_by_source_length, chrf, exact_match
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Translation:
+    """One output: its detokenized text and the search hypothesis it came from."""
+
+    text: str
+    hyp: Hypothesis
+    src_tokens: int = 0  # the source's length in tokens, its EOS included (0 for an empty line)
+
+
+# --- reading text ---------------------------------------------------------------------------------
+
+
+def read_file_lines(path: str | Path) -> list[str]:
+    """All lines of a UTF-8 text file (checked in full before any work starts)."""
+    path = Path(path)
+    with path.open("rb") as f:
+        return list(read_lines(f, str(path)))
+
+
+def one_line(text: str) -> str:
+    """Keep one output line per input line, whatever characters the model emits."""
+    return " ".join(text.splitlines()) if text else text
+
+
+def saved_decode_config(directory: str | Path) -> DecodeConfig:
+    """The `[decode]` table saved with a model directory, or the defaults if there is none."""
+    table = read_run_config(directory).get("decode", {})
+    try:
+        cfg = from_dict(DecodeConfig, table, "decode")
+    except (ValueError, AttributeError) as e:  # a bad value, not a table
+        raise CheckpointError(f"{Path(directory) / RUN_CONFIG_FILE} is unreadable: {e}") from None
+    check_decode_config(cfg)
+    return cfg
+
+
+# --- batching -------------------------------------------------------------------------------------
+
+
+def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length, longest first, each with at most
+    `max_tokens` tokens counting padding (a single longer sentence gets a batch of its own)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return cut_batches(order, lengths, max_tokens)
+
+
+class Translator:
+    """A trained `Transformer` with its tokenizer and default search settings."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        cfg: DecodeConfig | None = None,
+        precision: Precision | None = None,
+    ) -> None:
+        tokenizer.check_fits(model.cfg)
+        # An exported model's engine (`aiayn.interop.engines`) is no torch module: it runs on the CPU.
+        is_torch = isinstance(model, torch.nn.Module)
+        self.model = model.eval() if is_torch else model
+        self.tokenizer = tokenizer
+        self.cfg = cfg or DecodeConfig()
+        self.device = next(model.parameters()).device if is_torch else torch.device("cpu")
+        self.precision = precision or choose_precision("fp32", self.device)
+
+    @classmethod
+    def load(
+        cls,
+        directory: str | Path,
+        cfg: DecodeConfig | None = None,
+        device: str | torch.device = "auto",
+        dtype: str = "auto",
+    ) -> Translator:
+        """From a model directory (`config.json`, `model.safetensors`, `tokenizer.model`).
+
+        Without `cfg`, the search settings are the `[decode]` table of the run that made the
+        model (`run_config.json`, kept by `aiayn train` and `aiayn average`), else the defaults.
+        `device` is auto | cpu | cuda | cuda:N | mps (auto: a GPU if there is one); `dtype`
+        auto | fp32 | bf16 (auto: bf16 autocast on a GPU with native bf16, else fp32).
+        """
+        where = resolve_device(device) if isinstance(device, str) else device
+        precision = choose_precision(dtype, where, "dtype", decoding=True)
+        cfg = cfg or saved_decode_config(directory)
+        model = load_model_dir(directory, where, expect=Transformer)
+        precision.apply()
+        return cls(model, Tokenizer.load(directory), cfg, precision)
+
+    def settings(self, beam: int | None = None, **overrides: object) -> DecodeConfig:
+        """The default search settings with `beam` and any DecodeConfig field replaced."""
+        if beam is not None:
+            overrides["beam_size"] = beam
+        cfg = dataclasses.replace(self.cfg, **overrides)  # type: ignore[arg-type]
+        check_decode_config(cfg)
+        return cfg
+
+    def translate(
+        self,
+        lines: Sequence[str],
+        beam: int | None = None,
+        *,
+        batch_tokens: int = 2048,
+        **overrides: object,
+    ) -> list[str]:
+        """The best translation of each line, e.g. `translate(["Hallo Welt"], beam=4)`.
+
+        Keyword overrides are DecodeConfig fields (`alpha=1.0`, `sample=True, top_p=0.9`...).
+        """
+        cfg = self.settings(beam, **overrides)
+        return [r[0].text for r in self.translate_hyps(lines, cfg, batch_tokens=batch_tokens)]
+
+    def translate_hyps(
+        self,
+        lines: Sequence[str],
+        cfg: DecodeConfig,
+        *,
+        batch_tokens: int = 2048,
+        first_line_no: int = 1,
+    ) -> list[list[Translation]]:
+        """The `cfg.nbest` best translations of each line (one for an empty line), best first.
+
+        `first_line_no` is the line number of `lines[0]` in its file: sampling seeds each line
+        with `sample_seed(cfg.seed, line number)`.
+        """
+        check_decode_config(cfg)
+        if batch_tokens < 1:
+            raise DataError(f"batch_tokens must be at least 1, got {batch_tokens}")
+        results: list[list[Translation]] = [
+            [Translation("", Hypothesis([], 0.0, 0.0, True))] for _ in lines
+        ]
+        todo = [i for i, line in enumerate(lines) if line.strip()]
+        ids = self.tokenizer.encode_batch([lines[i].strip() for i in todo])
+        line_nos = [first_line_no + i for i in todo]
+        ids = [self._fit(x, n) for x, n in zip(ids, line_nos, strict=True)]
+        found = self._search(ids, line_nos, cfg, batch_tokens)
+        for i, src, hyps in zip(todo, ids, found, strict=True):
+            results[i] = [
+                Translation(one_line(self.tokenizer.decode(h.tokens)), h, len(src)) for h in hyps
+            ]
+        return results
+
+    def _search(
+        self, ids: list[list[int]], line_nos: list[int], cfg: DecodeConfig, batch_tokens: int
+    ) -> list[list[Hypothesis]]:
+        """The hypotheses of each encoded line, in order: token-budget batches through
+        `aiayn.search.decode` (an exported model's translator replaces only this)."""
+        found: list[list[Hypothesis]] = [[] for _ in ids]
+        for batch in token_budget_batches([len(x) for x in ids], batch_tokens):
+            src_BS = self._pad([ids[j] for j in batch])
+            # Each sentence samples from its own stream, seeded by its line number, so batching
+            # and buffering do not change what it draws.
+            seeds = [sample_seed(cfg.seed, line_nos[j]) for j in batch]
+            with self.precision.autocast():
+                hyps = search(self.model, src_BS, cfg, row_seeds=seeds)
+            for j, h in zip(batch, hyps, strict=True):
+                found[j] = h
+        return found
+
+    def translate_stream(
+        self,
+        lines: Iterable[str],
+        cfg: DecodeConfig,
+        *,
+        batch_tokens: int = 2048,
+        buffer_size: int = 1024,
+        progress: Callable[[int], object] | None = None,
+    ) -> Iterator[list[Translation]]:
+        """Translate a (possibly endless) stream, `buffer_size` lines at a time, in order.
+
+        Each buffer is sorted and batched on its own, so memory stays bounded and output
+        appears after every buffer; `progress(n)` is called with each buffer's line count.
+        """
+        buffer: list[str] = []
+        line_no = 1
+        for line in lines:
+            buffer.append(line)
+            if len(buffer) >= buffer_size:
+                yield from self.translate_hyps(
+                    buffer, cfg, batch_tokens=batch_tokens, first_line_no=line_no
+                )
+                line_no += len(buffer)
+                if progress is not None:
+                    progress(len(buffer))
+                buffer = []
+        if buffer:
+            yield from self.translate_hyps(
+                buffer, cfg, batch_tokens=batch_tokens, first_line_no=line_no
+            )
+            if progress is not None:
+                progress(len(buffer))
+
+    def _fit(self, ids: list[int], line_no: int) -> list[int]:
+        """Truncate a source the positional table cannot hold, saying so (module docstring)."""
+        limit = self.model.cfg.max_len
+        if len(ids) <= limit:
+            return ids
+        log.warning(
+            "line %d has %d tokens, more than the model's max_len=%d; "
+            "translating only its first %d tokens",
+            line_no,
+            len(ids) - 1,
+            limit,
+            limit - 1,
+        )
+        return self.tokenizer.cut(ids, limit)
+
+    def _pad(self, rows: list[list[int]]) -> torch.Tensor:
+        return pad_rows(rows, self.model.cfg.pad_id).to(self.device)
+
+
+# --- files and streams, for `aiayn translate` and `aiayn evaluate` --------------------------------
+
+
+def translate_to(
+    translator: Translator,
+    cfg: DecodeConfig,
+    out: TextIO,
+    input_path: Path | None,
+    *,
+    batch_tokens: int = 2048,
+    buffer_size: int = 1024,
+) -> int:
+    """Translate a file (with a progress bar) or stdin (streamed) into `out`; return the count.
+
+    Writes one line per input line, or with `cfg.nbest > 1` the Moses n-best format
+    `LINE_NO ||| translation ||| score`, best first (one such line for an empty input line).
+    """
+    bar = None
+    if input_path is not None:
+        all_lines = read_file_lines(input_path)  # checked up front
+        lines: Sequence[str] | Iterator[str] = all_lines
+        bar = tqdm(total=len(all_lines), unit="line", file=sys.stderr, desc="translate")
+    else:
+        lines = read_lines(sys.stdin.buffer, "<stdin>")  # streamed: checked as it comes
+    stream = translator.translate_stream(
+        lines,
+        cfg,
+        batch_tokens=batch_tokens,
+        buffer_size=buffer_size,
+        progress=bar.update if bar is not None else None,
+    )
+    n = 0
+    try:
+        for n, results in enumerate(stream, 1):
+            if cfg.nbest > 1:
+                out.writelines(f"{n} ||| {r.text} ||| {r.hyp.score:.4f}\n" for r in results)
+            else:
+                out.write(results[0].text + "\n")
+            if input_path is None:
+                out.flush()  # a stream's reader sees each line as soon as it exists
+    finally:
+        if bar is not None:
+            bar.close()
+    return n
+
+
+def evaluate_files(
+    translator: Translator,
+    cfg: DecodeConfig,
+    src_path: Path,
+    ref_path: Path,
+    *,
+    batch_tokens: int = 2048,
+) -> dict[str, Any]:
+    """Translate `src_path` and score it against `ref_path` (see `evaluate_lines`)."""
+    src, refs = read_file_lines(src_path), read_file_lines(ref_path)
+    if len(src) != len(refs):
+        raise DataError(f"{src_path} has {len(src)} lines but {ref_path} has {len(refs)}")
+    return evaluate_lines(translator, cfg, src, refs, batch_tokens=batch_tokens)
+
+
+def evaluate_lines(
+    translator: Translator,
+    cfg: DecodeConfig,
+    src: Sequence[str],
+    refs: Sequence[str],
+    *,
+    batch_tokens: int = 2048,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Translate `src` and score it against `refs`: BLEU, chrF (with signatures) and exact
+    match, as a JSON-ready dict that also holds the hypotheses."""
+    if len(src) != len(refs):
+        raise DataError(f"{len(src)} source lines but {len(refs)} references")
+    with tqdm(total=len(src), unit="line", file=sys.stderr, desc="evaluate",
+              disable=not progress) as bar:  # fmt: skip
+        results = list(
+            translator.translate_stream(src, cfg, batch_tokens=batch_tokens, progress=bar.update)
+        )
+    hyps = [r[0].text for r in results]
+    corpus_bleu = bleu(hyps, refs)
+    return {
+        "bleu": corpus_bleu.to_dict(),
+        "length_ratio": corpus_bleu.length_ratio,  # hypothesis / reference length (BLEU tokens)
+        "brevity_penalty": corpus_bleu.brevity_penalty,
+        "by_source_length": bleu_by_source_length(src, hyps, refs),
+        "chrf": chrf(hyps, refs).to_dict(),
+        "exact_match": exact_match(hyps, refs),
+        "sentences": len(hyps),
+        "decode": dataclasses.asdict(cfg),
+        "hypotheses": hyps,
+    }
+
+
+def sweep_alpha(
+    translator: Translator,
+    cfg: DecodeConfig,
+    src: Sequence[str],
+    refs: Sequence[str],
+    alphas: list[float],
+    *,
+    batch_tokens: int = 2048,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Beam-search `src` once per length penalty α and score each against `refs`.
+
+    Returns one row per α, in the order given: alpha, BLEU, length ratio, brevity penalty, and
+    `best` (True on the first row with the highest BLEU). A larger α favours longer outputs, so
+    the length ratio shows why BLEU moves (§6.1 chose α = 0.6 on the development set).
+    `aiayn evaluate --alphas` and the end of a cosine_budget run (aiayn.training.train) both use it.
+    """
+    if cfg.beam_size < 2 or cfg.sample:
+        raise ConfigError("choosing alpha needs beam search: give --beam 2 or more, not --sample")
+    rows = []
+    for alpha in alphas:
+        result = evaluate_lines(
+            translator, dataclasses.replace(cfg, alpha=alpha), src, refs,
+            batch_tokens=batch_tokens, progress=progress,
+        )  # fmt: skip
+        rows.append({
+            "alpha": alpha,
+            "bleu": result["bleu"]["score"],
+            "length_ratio": result["length_ratio"],
+            "brevity_penalty": result["brevity_penalty"],
+        })  # fmt: skip
+    best = max(range(len(rows)), key=lambda i: rows[i]["bleu"])  # the first of equal scores
+    for i, row in enumerate(rows):
+        row["best"] = i == best
+    return rows
