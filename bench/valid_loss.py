@@ -22,10 +22,10 @@ from aiayn.config import TrainConfig
 from aiayn.nn.model import Transformer
 from aiayn.runtime.device import choose_precision
 from aiayn.runtime.distributed import init_distributed
-from aiayn.store.checkpoint import load_model_dir
+from aiayn.store.model_dir import load_model_dir
 from aiayn.text.data import encode_pairs, read_parallel
 from aiayn.text.tokenizer import Tokenizer
-from aiayn.training.train import validate
+from aiayn.training.validate import validate
 
 
 def main() -> None:

@@ -11,19 +11,16 @@ import torch
 from aiayn.cli.main import main
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.nn.model import Transformer
-from aiayn.store.checkpoint import (
+from aiayn.store.checkpoints import (
     list_checkpoints,
     load_checkpoint_state,
-    load_model_dir,
     load_optimizer_tensors,
-    load_tensors,
     optimizer_tensors,
     prune_checkpoints,
     save_checkpoint,
-    save_model_dir,
-    save_tensors,
     write_average,
 )
+from aiayn.store.model_dir import load_model_dir, load_tensors, save_model_dir, save_tensors
 
 
 def _step(model: Transformer, opt: torch.optim.Optimizer, seed: int) -> None:
@@ -125,7 +122,7 @@ def test_average_is_the_elementwise_mean(tiny_cfg, tmp_path):
 
 
 def test_average_is_written_whole_or_not_at_all(tiny_cfg, tmp_path, monkeypatch):
-    import aiayn.store.checkpoint as ckpt
+    import aiayn.store.checkpoints as ckpt
 
     dirs = []
     for seed in range(2):

@@ -21,7 +21,8 @@ from torch import nn
 
 from aiayn.cli.main import main
 from aiayn.nn.model import Transformer
-from aiayn.store.checkpoint import list_checkpoints, load_tensors
+from aiayn.store.checkpoints import list_checkpoints
+from aiayn.store.model_dir import load_tensors
 from aiayn.training.train import train
 
 pytestmark = pytest.mark.cuda

@@ -138,7 +138,8 @@ def _copy_corpus(tmp_path: Path) -> list[str]:
 
 
 def test_checkpoints_hold_the_rng_states_of_the_device_trained_on(tmp_path):
-    from aiayn.store.checkpoint import list_checkpoints, load_tensors
+    from aiayn.store.checkpoints import list_checkpoints
+    from aiayn.store.model_dir import load_tensors
 
     cfg = load_config(CONFIGS / "tiny_copy.toml", [
         *_copy_corpus(tmp_path), f"train.out_dir={tmp_path / 'run'}", "train.max_steps=2",
@@ -154,7 +155,8 @@ def test_checkpoints_hold_the_rng_states_of_the_device_trained_on(tmp_path):
 
 def test_a_run_saved_with_a_gpu_generator_resumes_on_the_cpu(tmp_path, caplog):
     """Saved on a GPU, resumed on a CPU: same weights and data position, a note in the log."""
-    from aiayn.store.checkpoint import list_checkpoints, load_tensors, save_tensors
+    from aiayn.store.checkpoints import list_checkpoints
+    from aiayn.store.model_dir import load_tensors, save_tensors
 
     sets = [*_copy_corpus(tmp_path), f"train.out_dir={tmp_path / 'run'}", "train.device=cpu",
             "train.vocab_size=280"]  # fmt: skip
@@ -163,7 +165,7 @@ def test_a_run_saved_with_a_gpu_generator_resumes_on_the_cpu(tmp_path, caplog):
     tensors = load_tensors(ckpt / "optimizer.safetensors")  # add what a GPU run also saves
     tensors["rng.cuda"] = torch.zeros(16, dtype=torch.uint8)
     save_tensors(ckpt / "optimizer.safetensors", tensors)
-    with caplog.at_level(logging.INFO, logger="aiayn.store.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="aiayn.store.model_dir"):
         result = train(load_config(CONFIGS / "tiny_copy.toml", [*sets, "train.max_steps=4"]),
                        progress=False)  # fmt: skip
     assert result.step == 4
@@ -242,7 +244,7 @@ def test_translate_on_the_cpu_with_an_explicit_dtype(tmp_path, capsys):
     """--device cpu --dtype fp32 and --dtype auto translate the same (auto is fp32 on a CPU)."""
     from aiayn.config import ModelConfig
     from aiayn.nn.model import Transformer
-    from aiayn.store.checkpoint import save_model_dir
+    from aiayn.store.model_dir import save_model_dir
     from aiayn.text.tokenizer import Tokenizer
 
     lines = [f"{a} {b} {a}" for a in "abcdef" for b in "ghijkl"]

@@ -23,7 +23,7 @@ from aiayn.glassbox.render import View, parse_indices, to_html, to_json, to_text
 from aiayn.glassbox.seed import seed_example_json, seed_example_text
 from aiayn.nn.model import Transformer
 from aiayn.search.decode import beam_search, greedy_decode
-from aiayn.store.checkpoint import load_model_dir, save_model_dir
+from aiayn.store.model_dir import load_model_dir, save_model_dir
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.translate.translator import Translator, one_line, translate_to
 

@@ -25,7 +25,7 @@ from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import ConfigError
 from aiayn.nn.model import Transformer
 from aiayn.nn.variants import DecoderLM
-from aiayn.store.checkpoint import save_model_dir
+from aiayn.store.model_dir import save_model_dir
 from aiayn.text.data import pad_rows
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.translate.metrics import bleu
@@ -231,7 +231,7 @@ def onnx_export(trained: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
 
 
 def test_onnx_logits_within_1e_4_of_aiayns(trained: dict[str, Path], onnx_export: Path):
-    from aiayn.store.checkpoint import load_model_dir
+    from aiayn.store.model_dir import load_model_dir
 
     model = load_model_dir(trained[OTHER], expect=Transformer)
     graphs = OnnxModel(onnx_export, model.cfg, threads=1)
@@ -409,7 +409,7 @@ def test_an_imported_marian_model_exports_to_both_engines(tmp_path: Path) -> Non
     import_marian(make_marian_dir(tmp_path / "hf"), tmp_path / "imported")
     model_dir = tmp_path / "imported"
     tok = Tokenizer.load(model_dir)
-    from aiayn.store.checkpoint import load_model_dir
+    from aiayn.store.model_dir import load_model_dir
 
     model = load_model_dir(model_dir, expect=Transformer)
     cfg = DecodeConfig(beam_size=4, alpha=0.6, max_len_a=0.0, max_len_b=12)

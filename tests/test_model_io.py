@@ -10,7 +10,7 @@ from aiayn.cli.main import main
 from aiayn.errors import CheckpointError
 from aiayn.nn.model import Transformer
 from aiayn.nn.variants import MODEL_CLASSES, DecoderLM, EncoderClassifier
-from aiayn.store.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model_dir, save_model_dir
+from aiayn.store.model_dir import CONFIG_FILE, WEIGHTS_FILE, load_model_dir, save_model_dir
 
 
 @pytest.mark.parametrize(

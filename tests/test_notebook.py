@@ -24,7 +24,7 @@ CELL = re.compile(r'data-name="([^"]+)" data-r="(\d+)" data-c="(\d+)" data-v="([
 def ex(tmp_path_factory):
     from test_explain import SENTENCE, make_model_dir
 
-    from aiayn.store.checkpoint import load_model_dir
+    from aiayn.store.model_dir import load_model_dir
     from aiayn.text.tokenizer import Tokenizer
 
     path = make_model_dir(tmp_path_factory.mktemp("model"), eos_boost=4.0)

@@ -20,17 +20,12 @@ from hypothesis import strategies as st
 
 from aiayn.config import PAD_ID, TrainConfig, load_config
 from aiayn.errors import CheckpointError
-from aiayn.store.checkpoint import list_checkpoints, load_model_dir, load_tensors
+from aiayn.store.checkpoints import list_checkpoints
+from aiayn.store.model_dir import load_model_dir, load_tensors
 from aiayn.text.tokenizer import Tokenizer
-from aiayn.training.train import (
-    BudgetPlan,
-    cosine_lr,
-    inverse_sqrt_lr,
-    label_smoothed_loss,
-    learning_rate,
-    noam_lr,
-    train,
-)
+from aiayn.training.loss import label_smoothed_loss
+from aiayn.training.schedule import BudgetPlan, cosine_lr, inverse_sqrt_lr, learning_rate, noam_lr
+from aiayn.training.train import train
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -626,7 +621,7 @@ def test_the_last_weights_are_validated_and_a_model_is_always_saved(corpus, tok,
 
 
 def test_fit_total_steps_is_the_step_where_the_budget_runs_out():
-    from aiayn.training.train import BUDGET_MARGIN, fit_total_steps
+    from aiayn.training.schedule import BUDGET_MARGIN, fit_total_steps
 
     # 100 steps done in 60 s of a 600 s budget at 2 steps/s: 540 s left -> 1080 more steps
     assert fit_total_steps(100, 2.0, 60.0, 600.0, 10**6) == 100 + int(BUDGET_MARGIN * 1080)
@@ -639,7 +634,7 @@ def test_fit_total_steps_is_the_step_where_the_budget_runs_out():
 
 
 def test_average_steps_are_evenly_spaced_over_the_last_fifth():
-    from aiayn.training.train import average_steps
+    from aiayn.training.schedule import average_steps
 
     assert average_steps(200, 5) == [168, 176, 184, 192, 200]
     assert average_steps(1000, 4) == [850, 900, 950, 1000]
@@ -650,7 +645,7 @@ def test_average_steps_are_evenly_spaced_over_the_last_fifth():
 
 
 def test_budget_rate_warms_up_without_waiting_for_the_fit_and_never_jumps():
-    from aiayn.training.train import BudgetPlan, budget_lr, fit_warmup_end
+    from aiayn.training.schedule import BudgetPlan, budget_lr, fit_warmup_end
 
     peak, warmup = 1e-3, 1000
     # before the fit: the configured slope
@@ -682,7 +677,7 @@ def test_budget_rate_warms_up_without_waiting_for_the_fit_and_never_jumps():
 def test_a_refit_moves_the_end_and_the_rate_goes_on_from_where_it_was():
     """Re-fitted at step 150 of 300 (the machine slowed: the end is now 250): the rate at 150
     is kept, the cosine's rest is spread over 150-250, and it reaches 0 at the new end."""
-    from aiayn.training.train import BudgetPlan, budget_lr
+    from aiayn.training.schedule import BudgetPlan, budget_lr
 
     peak, warmup = 1e-3, 30
     before = BudgetPlan(300, 20, 30)
@@ -827,7 +822,7 @@ def test_a_budget_run_chooses_alpha_on_validation_for_its_averaged_model(
     ALPHA_GRID on validation, found by the same sweep as `evaluate --alphas` (same BLEUs), and
     saved where translate reads its defaults; the run directory's own model keeps its alpha."""
     from aiayn.cli.main import main
-    from aiayn.training.train import ALPHA_GRID
+    from aiayn.training.finish import ALPHA_GRID
     from aiayn.translate.translator import saved_decode_config
 
     out = tmp_path / "run"

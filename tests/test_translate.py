@@ -20,7 +20,7 @@ from aiayn.cli.main import main
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import DataError
 from aiayn.nn.model import Transformer
-from aiayn.store.checkpoint import save_model_dir
+from aiayn.store.model_dir import save_model_dir
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.translate.metrics import bleu, bleu_by_source_length, chrf, exact_match
 from aiayn.translate.translator import Translator, read_lines, token_budget_batches
@@ -203,7 +203,7 @@ def test_model_dir_keeps_its_search_settings(
     average`) is the model's default search; a flag given on the command line wins."""
     import shutil
 
-    from aiayn.store.checkpoint import write_average
+    from aiayn.store.checkpoints import write_average
 
     own = tmp_path / "own"
     shutil.copytree(model_dir, own)

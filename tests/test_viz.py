@@ -24,7 +24,7 @@ from aiayn.glassbox.viz_html import attention_page
 from aiayn.nn.model import AttentionMaps, Transformer
 from aiayn.nn.tracing import tracing
 from aiayn.nn.variants import DecoderLM, EncoderClassifier
-from aiayn.store.checkpoint import load_model_dir, save_model_dir
+from aiayn.store.model_dir import load_model_dir, save_model_dir
 from aiayn.text.tokenizer import Tokenizer
 
 WORDS = "the cat dog sees a small big red house tree runs walks on under street garden".split()  # noqa: SIM905

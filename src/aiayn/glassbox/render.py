@@ -467,7 +467,7 @@ def explain_report(
     as `fmt` (numbers are computed in fp32 wherever the model runs)."""
     from aiayn.nn.model import Transformer
     from aiayn.runtime.device import resolve_device
-    from aiayn.store.checkpoint import load_model_dir
+    from aiayn.store.model_dir import load_model_dir
     from aiayn.text.tokenizer import Tokenizer
     from aiayn.translate.translator import saved_decode_config
 

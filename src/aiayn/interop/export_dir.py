@@ -20,7 +20,7 @@ from aiayn.atomic import atomic_write_json, check_new_dir
 from aiayn.config import DecodeConfig, ModelConfig, from_dict, to_dict
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.nn.model import Transformer
-from aiayn.store.checkpoint import load_model_dir
+from aiayn.store.model_dir import load_model_dir
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.translate.translator import saved_decode_config
 

@@ -280,7 +280,7 @@ class AttentionMaps:
 
 
 class _ModelBase(nn.Module):
-    """Input checks, initialisation and trace names, shared by all heads (aiayn.store.checkpoint
+    """Input checks, initialisation and trace names, shared by all heads (aiayn.store.model_dir
     saves and loads them: `save_model_dir`, `load_model_dir`)."""
 
     cfg: ModelConfig

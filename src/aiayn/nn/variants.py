@@ -3,7 +3,7 @@ conclusion), and the registry of architectures a model directory may hold.
 
     EncoderClassifier   the encoder stack, mean-pooled over real tokens, a linear classifier
     DecoderLM           the encoder block run causally (a GPT block), tied output layer
-    MODEL_CLASSES       config.json's "architecture" -> class (aiayn.store.checkpoint builds from it)
+    MODEL_CLASSES       config.json's "architecture" -> class (aiayn.store.model_dir builds from it)
 """
 
 from __future__ import annotations

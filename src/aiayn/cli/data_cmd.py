@@ -1,0 +1,137 @@
+"""`aiayn info` and `aiayn data` (synth, check): what a model or preset is, and the data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from aiayn.errors import AiaynError
+
+
+def add_info(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="describe a preset or a model directory (sizes, parameters)")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--preset", help="a ModelConfig preset, e.g. paper_base")
+    g.add_argument("--model", type=Path, help="a model directory")
+    p.add_argument("--vocab-size", type=int, default=37000, help="with --preset (default 37000)")
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from aiayn.config import ModelConfig, to_dict
+    from aiayn.interop.export_dir import is_export_dir, read_export_meta
+    from aiayn.nn.model import Transformer, count_parameters
+    from aiayn.store.model_dir import load_model_dir
+
+    if args.model is not None and is_export_dir(args.model):  # aiayn export wrote it
+        meta = read_export_meta(args.model)
+        keys = ("engine", "quantization", "architecture", "files", "versions", "source_model")
+        print(json.dumps({**{k: meta.get(k) for k in keys}, "config": meta["model"]}, indent=2))
+        return 0
+    model = (Transformer(ModelConfig.preset(args.preset, vocab_size=args.vocab_size))
+             if args.preset else load_model_dir(args.model))  # fmt: skip
+    info = {
+        "architecture": type(model).__name__,
+        "parameters": count_parameters(model),
+        "config": to_dict(model.cfg),
+    }
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def add_data(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "data",
+        help="make corpora (`data synth`: the built-in corpus) and check them (`data check`)",
+    )
+    data_sub = p.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
+    add_data_check(data_sub)
+    s = data_sub.add_parser(
+        "synth",
+        help="numbers or dates in words, as line-aligned parallel files (docs/synthetic.md)",
+    )
+    s.add_argument("--task", choices=("numbers", "dates"), required=True)
+    s.add_argument("--src", required=True, help="source language, e.g. en")
+    s.add_argument("--tgt", required=True, help="target language, e.g. de")
+    s.add_argument("--n", type=int, required=True, help="training pairs")
+    s.add_argument("--valid", type=int, default=1000, help="validation pairs (default 1000)")
+    s.add_argument("--test", type=int, default=1000, help="test pairs (default 1000)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", type=Path, required=True, help="directory for {train,valid,test}.LANG")
+    s.add_argument("--force", action="store_true", help="replace files of the same names")
+
+
+def run_data(args: argparse.Namespace) -> int:
+    from aiayn.text.synthetic import write_corpus
+
+    if args.data_command == "check":
+        return run_data_check(args)
+
+    written = write_corpus(
+        args.out,
+        args.task,
+        args.src,
+        args.tgt,
+        args.n,
+        args.valid,
+        args.test,
+        args.seed,
+        overwrite=args.force,
+    )
+    for split, (src_path, tgt_path, n) in written.items():
+        print(f"{split}: {n} pairs  {src_path}  {tgt_path}")
+    return 0
+
+
+def add_data_check(data_sub: argparse._SubParsersAction) -> None:
+    c = data_sub.add_parser(
+        "check",
+        help="find what is wrong with a parallel corpus: duplicates, train/valid/test overlap, "
+        "misaligned lines, copies, empty, control characters, over-long lines, wrong script "
+        "(docs/data.md)",
+    )
+    c.add_argument("--src", type=Path, required=True, help="training source file, e.g. train.de")
+    c.add_argument("--tgt", type=Path, required=True, help="training target file, e.g. train.en")
+    for split in ("valid", "test"):
+        c.add_argument(f"--{split}-src", type=Path, help=f"{split} source: checked for overlap")
+        c.add_argument(f"--{split}-tgt", type=Path, help=f"{split} target")
+    c.add_argument("--max-chars", type=int, default=1000, help="a longer side is over-long "
+                   "(default 1000)")  # fmt: skip
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.add_argument("--write", type=Path, metavar="DIR", help="write the cleaned training pairs "
+                   "into DIR (new or empty), under the training files' names")  # fmt: skip
+
+
+def run_data_check(args: argparse.Namespace) -> int:
+    from aiayn.text.check import check_corpus, write_clean
+
+    evals = {}
+    for split in ("valid", "test"):
+        es, et = getattr(args, f"{split}_src"), getattr(args, f"{split}_tgt")
+        if (es is None) != (et is None):
+            raise AiaynError(f"give both --{split}-src and --{split}-tgt, or neither")
+        if es is not None:
+            evals[split] = (es, et)
+    if args.max_chars < 1:
+        raise AiaynError(f"--max-chars must be at least 1, got {args.max_chars}")
+    if args.write is not None:  # refused before the corpus is read
+        from aiayn.atomic import check_new_dir
+
+        check_new_dir(args.write)
+    report = check_corpus(args.src, args.tgt, evals, max_chars=args.max_chars)
+    written = write_clean(report, args.write) if args.write is not None else None
+    if args.json:
+        print(json.dumps({**report.to_json(), **({"written": written} if written else {})}))
+        return 0
+    langs = report.languages
+    print(f"{report.pairs} training pairs ({langs['src'] or '?'} -> {langs['tgt'] or '?'}): "
+          f"{report.summary()}")  # fmt: skip
+    for kind, n in report.counts.items():
+        if n:
+            ex = report.examples[kind][0]
+            print(f"  {kind:16} {n:8d}   e.g. {ex['file']} line {ex['line']}: "
+                  f"{ex['src'][:60]!r} ||| {ex['tgt'][:60]!r}")  # fmt: skip
+    if written:
+        print(f"wrote {written['kept']} pairs ({written['dropped']} dropped) to "
+              f"{written['src']} and {written['tgt']}")  # fmt: skip
+    return 0

@@ -1,0 +1,159 @@
+"""`aiayn explain`, `aiayn attend` and `aiayn plot-log`: the glass box from the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from aiayn.cli.flags import (
+    add_device_flag,
+    add_sampling_flags,
+    given_search_settings,
+    refuse_export_dir,
+)
+from aiayn.errors import AiaynError
+
+
+def add_explain(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "explain",
+        help="every number of one translation: embeddings, Q/K/V, attention, FFN, next tokens",
+    )
+    p.add_argument("sentence", nargs="?", help="the source sentence to translate and explain")
+    p.add_argument("--model", type=Path, help="a model directory")
+    p.add_argument(
+        "--seed-example",
+        action="store_true",
+        help="replay the tutorials' worked example (docs/worked_example.md); no model needed",
+    )
+    p.add_argument("--format", choices=("text", "json", "html"), default="text",
+                   help="text, json or html (--seed-example: text or json)")  # fmt: skip
+    p.add_argument("--out", type=Path, help="write to this file instead of stdout")
+    p.add_argument("--layers", help="layers to show, counted from 0: '0,2' or '0-1' (default all)")
+    p.add_argument("--heads", help="heads to show, counted from 1: '1,3' (default all)")
+    p.add_argument("--steps", help="decoding steps shown in full, from 0 (default all)")
+    p.add_argument("--dims", type=int, default=8, help="dimensions shown per vector (default 8)")
+    p.add_argument("--precision", type=int, default=4, help="decimals (default 4)")
+    p.add_argument("--top-k", type=int, default=5, help="next-token candidates shown per step")
+    p.add_argument("--max-len", type=int, help="most output tokens (default source length + 50)")
+    p.add_argument("--min-len", type=int, help="no EOS before this many tokens (default 0)")
+    p.add_argument("--beam", type=int, default=0, help="also trace beam search of this size")
+    p.add_argument("--alpha", type=float, help="length penalty α (default: the model's, or 0.6)")
+    add_sampling_flags(p, "--sample-top-k", "trace sampling instead of greedy")
+    add_device_flag(p)
+
+
+_EXPLAIN_SEARCH_FLAGS = {  # DecodeConfig field -> argparse dest
+    "alpha": "alpha", "min_len": "min_len", "temperature": "temperature",
+    "top_k": "sample_top_k", "top_p": "top_p", "seed": "seed",
+}  # fmt: skip
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    from aiayn.glassbox.render import View, explain_report, parse_indices
+    from aiayn.glassbox.seed import seed_example_json, seed_example_text
+
+    if args.seed_example:
+        if args.format == "html":
+            raise AiaynError("--seed-example prints text or json (the page of `aiayn serve` "
+                             "shows it too)")  # fmt: skip
+        report = seed_example_text()
+        if args.format == "json":
+            report = json.dumps(seed_example_json(), ensure_ascii=False, allow_nan=False) + "\n"
+    else:
+        if args.model is None or not args.sentence:
+            raise AiaynError("give --model DIR and a sentence (or --seed-example)")
+        refuse_export_dir(args.model, "explain")
+        view = View(
+            parse_indices(args.layers),
+            parse_indices(args.heads),
+            parse_indices(args.steps),
+            args.dims,
+            args.precision,
+        )
+        overrides = given_search_settings(args, _EXPLAIN_SEARCH_FLAGS)
+        report = explain_report(str(args.model), args.sentence, fmt=args.format, view=view,
+                                top_k=args.top_k, max_len=args.max_len, beam=args.beam,
+                                device=args.device, overrides=overrides)  # fmt: skip
+    if args.out:
+        from aiayn.atomic import atomic_write_text
+
+        if args.out.is_dir():
+            raise AiaynError(f"--out {args.out} is a directory; give a file name")
+        atomic_write_text(args.out, report)
+        print(f"wrote {args.out}")
+    else:
+        sys.stdout.write(report)
+    return 0
+
+
+def add_attend(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "attend", help="attention heatmaps (PNG) and an interactive page (HTML) for translations"
+    )
+    p.add_argument("sentences", nargs="*", help="source sentences (or --input)")
+    p.add_argument("--model", type=Path, required=True, help="a model directory")
+    p.add_argument("--input", type=Path, help="a UTF-8 file, one source sentence per line")
+    p.add_argument("--out", type=Path, required=True, help="directory for the PNGs and HTML")
+    p.add_argument("--max-len", type=int, help="most output tokens (default source length + 50)")
+    add_device_flag(p)
+
+
+def run_attend(args: argparse.Namespace) -> int:
+    from aiayn.atomic import atomic_write_text
+    from aiayn.glassbox.viz import attention_figures, attention_for_model, write_figure
+    from aiayn.glassbox.viz_html import attention_page
+    from aiayn.runtime.device import resolve_device
+    from aiayn.store.model_dir import load_model_dir
+    from aiayn.text.tokenizer import Tokenizer
+
+    # --out must be (or become) a directory: say so now, not after the model has run.
+    existing = next(p for p in (args.out, *args.out.parents) if p.exists())
+    if existing == args.out and not existing.is_dir():
+        raise AiaynError(
+            f"--out {args.out} is an existing file; attend writes a directory "
+            "(PNGs and attention.html)"
+        )
+    if not existing.is_dir():
+        raise AiaynError(f"--out {args.out}: {existing} is a file, not a directory")
+    refuse_export_dir(args.model, "attend")
+    sentences = list(args.sentences)
+    if args.input:
+        sentences += [s for s in args.input.read_text(encoding="utf-8").splitlines() if s.strip()]
+    if not sentences:
+        raise AiaynError("give at least one sentence (or --input FILE)")
+    device = resolve_device(args.device)
+    model, tok = load_model_dir(args.model, device), Tokenizer.load(args.model)
+    examples = attention_for_model(model, tok, sentences, args.max_len)
+    try:
+        for i, ex in enumerate(examples):
+            sub = args.out / (f"{i:03d}" if len(examples) > 1 else "")
+            for name, fig in attention_figures(ex).items():
+                write_figure(fig, sub / name, dpi=110)
+            print(f"{sentences[i]} -> {ex.translation or '(input only)'}  ({sub}/*.png)")
+        atomic_write_text(args.out / "attention.html", attention_page(examples))
+    except (FileExistsError, NotADirectoryError) as e:  # e.g. a file named 000 in --out
+        raise AiaynError(
+            f"cannot write into --out {args.out}: {e.strerror}: {e.filename}"
+        ) from None
+    print(f"interactive view: {args.out / 'attention.html'}")
+    return 0
+
+
+def add_plot_log(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plot-log", help="training curves (loss, perplexity, lr, BLEU) as PNG")
+    p.add_argument("run_dir", type=Path, help="a training run directory (or its metrics.jsonl)")
+    p.add_argument("--out", type=Path, help="PNG path (default RUN_DIR/curves.png)")
+
+
+def run_plot_log(args: argparse.Namespace) -> int:
+    from aiayn.glassbox.viz import plot_training_log, write_figure
+
+    fig = plot_training_log(args.run_dir)
+    run_dir = args.run_dir if args.run_dir.is_dir() else args.run_dir.parent
+    out = args.out or run_dir / "curves.png"
+    write_figure(fig, out, dpi=100)
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,72 @@
+"""`aiayn import` and `aiayn export`: other toolkits' models in, other engines' formats out."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_import(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("import", help="open another toolkit's model as an aiayn model directory")
+    import_sub = p.add_subparsers(dest="import_command", required=True, metavar="FORMAT")
+    m = import_sub.add_parser(
+        "marian",
+        help="a local Hugging Face MarianMT (OPUS-MT) directory (docs/import.md)",
+        description="Convert HF_DIR (config.json, model.safetensors, source.spm, target.spm, "
+        "vocab.json) into a new aiayn model directory that translate, evaluate, explain, "
+        "attend, average and train (train.init_from) accept. Nothing is downloaded.",
+    )
+    m.add_argument("hf_dir", type=Path, metavar="HF_DIR", help="the Hugging Face directory")
+    m.add_argument("--out", type=Path, required=True, help="new model directory (must not exist "
+                   "or be empty)")  # fmt: skip
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from aiayn.interop.marian import import_marian
+
+    done = import_marian(args.hf_dir, args.out)
+    cfg, dec = done.model, done.decode
+    langs = f"{done.source_lang or '?'} -> {done.target_lang or '?'}"
+    print(
+        f"imported {args.hf_dir} ({langs}) into {done.out}: d_model {cfg.d_model}, "
+        f"{cfg.n_layers}+{cfg.n_layers} layers, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
+        f"vocabulary {cfg.vocab_size}, {cfg.activation} FFN; search: beam {dec.beam_size}, "
+        f"alpha {dec.alpha:g}"
+    )
+    return 0
+
+
+def add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export", help="write a model for another engine: CTranslate2 (int8) or ONNX Runtime"
+    )
+    engines = p.add_subparsers(dest="engine", required=True, metavar="ENGINE")
+    c = engines.add_parser(
+        "ctranslate2",
+        help="a CTranslate2 model (+ tokenizer); translate/evaluate --model OUT run it",
+    )
+    c.add_argument(
+        "--quantization", choices=("float32", "int8", "int16", "bfloat16"), default="float32",
+        help="weight type (default float32; int8 is the fast one on a CPU)",
+    )  # fmt: skip
+    o = engines.add_parser(
+        "onnx", help="encoder + decoder-with-past ONNX graphs; translate/evaluate run them"
+    )
+    for q in (c, o):
+        q.add_argument("--model", type=Path, required=True, help="an aiayn model directory")
+        q.add_argument("--out", type=Path, required=True, help="a new (or empty) directory")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    if args.engine == "ctranslate2":
+        from aiayn.interop.export_ct2 import export_ctranslate2
+
+        out = export_ctranslate2(args.model, args.out, args.quantization)
+        what = f"CTranslate2 ({args.quantization})"
+    else:
+        from aiayn.interop.export_onnx import export_onnx
+
+        out = export_onnx(args.model, args.out)
+        what = "ONNX (encoder.onnx, decoder.onnx)"
+    print(f"exported {args.model} as {what} to {out}; run it: aiayn translate --model {out}")
+    return 0

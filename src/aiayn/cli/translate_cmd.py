@@ -1,0 +1,140 @@
+"""`aiayn translate` and `aiayn evaluate` (with the length-penalty sweep)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from aiayn.cli.flags import add_search_flags, decode_setup
+from aiayn.errors import AiaynError
+
+
+def add_translate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "translate", help="translate a file or stdin: exactly one output line per input line"
+    )
+    add_search_flags(p)
+    p.add_argument("--input", type=Path, help="UTF-8 text, one sentence per line (default stdin)")
+    p.add_argument("--output", type=Path, help="default stdout; a file is replaced atomically")
+    p.add_argument("--nbest", type=int, help="N best per line, 'i ||| text ||| score'")
+    p.add_argument(
+        "--buffer-size", type=int, default=0, help="lines per sorted batch group (default 1024)"
+    )
+
+
+def run_translate(args: argparse.Namespace) -> int:
+
+    from aiayn.atomic import atomic_open_text, same_file
+    from aiayn.translate.translator import translate_to
+
+    if args.output is not None:  # checked before the model loads
+        # `--input a.txt --output a.txt` (or `< a.txt`) would replace the text with its
+        # translation; /dev/stdin names whatever stdin is, a file included.
+        if same_file(args.input or Path("/dev/stdin"), args.output):
+            raise AiaynError(
+                f"--output {args.output} is the input file; it would be replaced by its translation"
+            )
+        if args.output.is_dir():
+            raise AiaynError(f"--output {args.output} is a directory; give a file name")
+    translator, cfg = decode_setup(args)
+    interactive = args.input is None and sys.stdin.isatty()
+    buffer_size = args.buffer_size or (1 if interactive else 1024)
+    kw = dict(batch_tokens=args.batch_tokens, buffer_size=buffer_size)
+    if args.output is None:
+        try:
+            translate_to(translator, cfg, sys.stdout, args.input, **kw)
+        except BrokenPipeError:  # the reader left early (`| head`): stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    with atomic_open_text(args.output) as out:  # a failed run leaves no half-written output
+        translate_to(translator, cfg, out, args.input, **kw)
+    return 0
+
+
+def add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="translate --src and score against --ref: BLEU, chrF")
+    add_search_flags(p)
+    p.add_argument("--src", type=Path, required=True, help="source sentences, one per line")
+    p.add_argument("--ref", type=Path, required=True, help="reference translations")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--hyps", type=Path, help="also write the translations to this file")
+    p.add_argument(
+        "--alphas",
+        help="choose the length penalty: score each α of a comma list ('0.6,1.0,1.4') with "
+        "beam search and name the best (docs/decoding.md)",
+    )
+
+
+def parse_alphas(text: str) -> list[float]:
+    try:
+        alphas = [float(a) for a in text.split(",") if a.strip()]
+    except ValueError:
+        raise AiaynError(f"--alphas {text!r}: expected numbers separated by commas") from None
+    if not alphas or any(not a >= 0 for a in alphas):
+        raise AiaynError(f"--alphas {text!r}: expected one or more numbers >= 0")
+    return alphas
+
+
+def run_alpha_sweep(args: argparse.Namespace) -> int:
+    """`evaluate --alphas`: a table (or JSON list) of BLEU per α, and the best one."""
+    from aiayn.errors import DataError
+    from aiayn.translate.translator import read_file_lines, sweep_alpha
+
+    alphas = parse_alphas(args.alphas)  # checked before the model loads
+    if args.alpha is not None or args.hyps is not None:
+        raise AiaynError("--alphas chooses alpha itself: leave out --alpha and --hyps")
+    src, refs = read_file_lines(args.src), read_file_lines(args.ref)
+    if len(src) != len(refs):
+        raise DataError(f"{args.src} has {len(src)} lines but {args.ref} has {len(refs)}")
+    translator, cfg = decode_setup(args)
+    rows = sweep_alpha(translator, cfg, src, refs, alphas, batch_tokens=args.batch_tokens)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'alpha':>6} {'BLEU':>6} {'length ratio':>12} {'BP':>5}   (beam {cfg.beam_size})")
+    for r in rows:
+        mark = "  <- best" if r["best"] else ""
+        print(
+            f"{r['alpha']:6.2f} {r['bleu']:6.2f} {r['length_ratio']:12.3f} "
+            f"{r['brevity_penalty']:5.3f}{mark}"
+        )
+    best = next(r["alpha"] for r in rows if r["best"])
+    print(
+        f"best alpha = {best:g}: pass --alpha {best:g} to translate, or train with "
+        f"--set decode.alpha={best:g} to save it in the model"
+    )
+    return 0
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    from aiayn.atomic import atomic_write_text, same_file
+    from aiayn.translate.translator import evaluate_files
+
+    if args.alphas is not None:
+        return run_alpha_sweep(args)
+    if args.hyps is not None:  # checked before the model loads
+        for flag, path in (("--src", args.src), ("--ref", args.ref)):
+            if same_file(path, args.hyps):
+                raise AiaynError(f"--hyps {args.hyps} is the {flag} file; it would be overwritten")
+        if args.hyps.is_dir():
+            raise AiaynError(f"--hyps {args.hyps} is a directory; give a file name")
+    translator, cfg = decode_setup(args)
+    result = evaluate_files(translator, cfg, args.src, args.ref, batch_tokens=args.batch_tokens)
+    hyps = result.pop("hypotheses")
+    if args.hyps is not None:
+        atomic_write_text(args.hyps, "".join(h + "\n" for h in hyps))
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    for key in ("bleu", "chrf"):
+        print(f"{result[key]['text']}\n  signature: {result[key]['signature']}")
+    print(f"exact match = {result['exact_match']:.2f}% of {result['sentences']} sentences")
+    for b in result["by_source_length"]:  # where short outputs (ratio < 1) cost BLEU
+        print(
+            f"  source {b['source_words']:>6} words: {b['sentences']:5d} sentences, "
+            f"BLEU {b['bleu']:5.2f}, length ratio {b['length_ratio']:.3f}"
+        )
+    return 0

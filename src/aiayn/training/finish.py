@@ -1,0 +1,105 @@
+"""The end of a run: the final validation, the averaged model of a `cosine_budget` run and
+its length penalty chosen on validation, saved as the model's `[decode]` default.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import torch.distributed as dist
+
+from aiayn.atomic import atomic_write_json
+from aiayn.config import RUN_CONFIG_FILE
+from aiayn.nn.model import Transformer
+from aiayn.runtime.device import choose_precision
+from aiayn.store.checkpoints import (
+    list_checkpoints,
+    write_average,
+)
+from aiayn.store.model_dir import WEIGHTS_FILE, load_model_dir, save_model_dir
+from aiayn.store.run_dir import (
+    AVERAGED_DIR,
+)
+from aiayn.training.run import Run
+
+log = logging.getLogger(__name__)
+
+
+def _write_average(run: Run) -> bool:
+    """Average the planned checkpoints that exist into OUT_DIR/averaged (a model directory),
+    replacing it whole when a finished run is rerun."""
+    planned = run.planned_averages()
+    dirs = [c for c in list_checkpoints(run.out) if int(c.name[5:]) in planned]
+    if len(dirs) < 2:
+        log.warning(
+            "no averaged model: %d of the %d planned checkpoints exist (steps %s); the run "
+            "stopped before its schedule's end", len(dirs), run.tc.average_last, planned,
+        )  # fmt: skip
+        return False
+    final = run.out / AVERAGED_DIR
+    write_average(dirs, final, replace=True)
+    steps = [int(c.name[5:]) for c in dirs]
+    log.info("averaged the checkpoints of steps %s into %s", steps, final)
+    return True
+
+
+# Length penalties tried on validation at the end of a cosine_budget run: the paper's 0.6 and
+# larger ones, which undertrained models' short beam outputs needed on Multi30k (issue 15).
+ALPHA_GRID = (0.6, 1.0, 1.4, 2.0)
+ALPHA_SENTENCES = 300  # validation sentences decoded per α: a bounded cost at a run's end
+
+
+def _choose_alpha(run: Run, progress: bool) -> None:
+    """Choose the averaged model's length penalty on validation and save it as its [decode]
+    default (`run_config.json`, which `translate.saved_decode_config` reads), with the sweep.
+
+    The sweep is `evaluate --alphas`' own (translate.sweep_alpha), at the run's beam size and
+    in the precision `aiayn translate` would decode in, on the first ALPHA_SENTENCES pairs.
+    """
+    from aiayn.translate.translator import Translator, sweep_alpha
+
+    dc, data = run.cfg.decode, run.data
+    if not data.valid_srcs or dc.beam_size < 2 or dc.sample:
+        log.info("alpha not chosen: it needs a validation set and beam search (decode.beam_size "
+                 ">= 2, not sampling); the averaged model keeps alpha %g", dc.alpha)  # fmt: skip
+        return
+    where = run.out / AVERAGED_DIR
+    model = load_model_dir(where, run.d.device, expect=Transformer)
+    precision = choose_precision("auto", run.d.device, decoding=True)
+    translator = Translator(model, run.tok, dc, precision)
+    n = min(ALPHA_SENTENCES, len(data.valid_srcs))
+    rows = sweep_alpha(translator, dc, data.valid_srcs[:n], data.valid_refs[:n],
+                       list(ALPHA_GRID), progress=progress)  # fmt: skip
+    best = next(r for r in rows if r["best"])
+    path = where / RUN_CONFIG_FILE
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    saved["decode"] = {**saved.get("decode", {}), "alpha": best["alpha"]}
+    saved["alpha_choice"] = {"sentences": n, "beam_size": dc.beam_size, "rows": rows}
+    atomic_write_json(path, saved)
+    log.info(
+        "alpha %g chosen for %s on %d validation sentences (beam %d): BLEU %s",
+        best["alpha"], where, n, dc.beam_size,
+        ", ".join(f"{r['alpha']:g}: {r['bleu']:.2f}" for r in rows),
+    )  # fmt: skip
+
+
+def finish_run(run: Run, stopped: str, progress: bool = False) -> None:
+    """Validate and save the final weights (they compete for "best" too), average and choose
+    alpha (cosine_budget with average_last); wait for all ranks."""
+    state, out, d = run.state, run.out, run.d
+    t_finish = time.monotonic()
+    if run.data.valid and stopped != "signal" and run.last_validated != state.step:
+        run.validate()
+    if run.last_saved != state.step or not list_checkpoints(out):
+        run.save()
+    if d.main and not (out / WEIGHTS_FILE).exists():  # stopped before any validation
+        save_model_dir(run.model, out)
+    if d.main and run.tc.average_last and stopped != "signal" and _write_average(run):
+        _choose_alpha(run, progress)
+    if d.main:
+        log.info("stopped (%s) at step %d; run directory %s (finishing took %.0f s)",
+                 stopped, state.step, out, time.monotonic() - t_finish)  # fmt: skip
+    if d.world > 1:
+        dist.barrier()

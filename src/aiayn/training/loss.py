@@ -1,0 +1,86 @@
+"""The training objective and one optimizer step (§5.3, §5.4).
+
+loss      label_smoothed_loss: (1 - ε) NLL + ε · mean over V of -log p   (ε = 0.1, §5.4)
+step      train_step: forward, loss, backward (accumulated), clipping, Adam, the rate
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from aiayn.config import TrainConfig
+from aiayn.runtime.device import Precision
+from aiayn.runtime.distributed import Dist
+from aiayn.text.data import (
+    Batch,
+)
+
+log = logging.getLogger(__name__)
+
+
+def label_smoothed_loss(
+    logits_PV: Tensor, target_P: Tensor, epsilon: float, pad_id: int
+) -> tuple[Tensor, Tensor]:
+    """Summed label-smoothed cross-entropy and summed NLL over the non-PAD targets.
+
+    Shapes: P target positions (a batch's B x T flattened), V vocabulary.
+
+    The smoothed target puts 1 - ε on the true class and spreads ε uniformly over all V
+    classes (PyTorch's definition; the Annotated Transformer spreads it over V - 2), so
+    `loss_sum == F.cross_entropy(logits, target, label_smoothing=ε, ignore_index=pad,
+    reduction="sum")`. The NLL (no smoothing) gives perplexity.
+    """
+    logp_PV = F.log_softmax(logits_PV.float(), dim=-1)
+    # A 0/1 weight rather than boolean indexing: indexing must learn how many rows survive,
+    # which stops the host until a GPU has caught up.
+    keep_P = (target_P != pad_id).to(logp_PV.dtype)
+    nll_P = -logp_PV.gather(-1, target_P.clamp(min=0)[:, None]).squeeze(-1)
+    uniform_P = -logp_PV.mean(dim=-1)
+    loss_P = (1.0 - epsilon) * nll_P + epsilon * uniform_P
+    return (loss_P * keep_P).sum(), (nll_P * keep_P).sum()
+
+
+def train_step(
+    net: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: list[Batch],
+    *,
+    tokens: int,
+    lr: float,
+    pad_id: int,
+    tc: TrainConfig,
+    d: Dist,
+    precision: Precision,
+) -> Tensor:
+    """Forward/backward over this rank's micro-batches (already on the device), then one Adam
+    step.
+
+    Each micro-batch's summed loss is divided by the step's *global* target-token count
+    (times world, because DDP averages gradients over ranks), so the gradient is the mean
+    over every target token of the step, however it is split over ranks and micro-batches.
+    Returns this rank's summed (smoothed loss, NLL) as a tensor on the device: nothing here
+    waits for the GPU, the log reads the totals every `log_every` steps.
+    """
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    totals = torch.zeros(2, device=d.device)
+    for a, b in enumerate(batches):
+        last = a == len(batches) - 1
+        with nullcontext() if d.world == 1 or last else net.no_sync():  # type: ignore[operator]
+            with precision.autocast():
+                logits_BTV = net(b.src_BS, b.tgt_in_BT)
+            loss, nll = label_smoothed_loss(
+                logits_BTV.flatten(0, 1), b.tgt_out_BT.flatten(), tc.label_smoothing, pad_id
+            )
+            (loss * (d.world / tokens)).backward()
+        totals += torch.stack([loss.detach(), nll.detach()])
+    if tc.clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_(net.parameters(), tc.clip_norm)
+    opt.step()
+    return totals

@@ -1,0 +1,207 @@
+"""The mutable state of one training run (`Run`): counters, logging, validation, saving and
+the stopping rules, so that the loop in aiayn.training.train reads top to bottom.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from aiayn.config import Config
+from aiayn.nn.model import Transformer
+from aiayn.runtime.device import Precision
+from aiayn.runtime.distributed import Dist, all_sum
+from aiayn.store.checkpoints import (
+    prune_checkpoints,
+    save_checkpoint,
+)
+from aiayn.store.model_dir import save_model_dir
+from aiayn.store.run_dir import (
+    METRICS_FILE,
+    TrainState,
+    rng_tensors,
+)
+from aiayn.text.data import (
+    RunData,
+)
+from aiayn.text.tokenizer import Tokenizer
+from aiayn.training.schedule import BudgetPlan, average_steps
+from aiayn.training.validate import validate, validation_bleu
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    step: int
+    stopped: str  # max_steps | max_epochs | max_minutes | total_steps | early_stopping | signal
+    train_loss: float  # mean smoothed loss per target token over the last log window
+    best: float | None
+
+
+class Run:
+    """The mutable parts of one training run, so the loop reads top to bottom."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        tok: Tokenizer,
+        data: RunData,
+        model: Transformer,
+        opt: torch.optim.Optimizer,
+        state: TrainState,
+        d: Dist,
+        out: Path,
+        precision: Precision,
+    ) -> None:
+        self.cfg, self.tc, self.tok, self.data = cfg, cfg.train, tok, data
+        self.model, self.opt, self.state, self.d, self.out = model, opt, state, d, out
+        self.precision = precision
+        self.t_start, self.elapsed0 = time.monotonic(), state.elapsed_s
+        self.window = self._zeros()  # loss sum, nll sum, tokens since the last log (on device)
+        self.window_t = time.monotonic()
+        self.last_loss = float("nan")
+        self.last_saved = state.step
+        self.last_validated = state.step
+        self.first_step = state.step  # where this session started (a resume, or 0)
+        # Where the speed is measured from, for the fit and then for re-fits: (step, elapsed,
+        # aside_s); validations and saves (aside_s, this session's seconds) are taken out of
+        # the steps' speed and counted on their own (valid_cost: in-loop validations, seconds)
+        self.fit_mark: tuple[int, float, float] | None = None
+        self.refit_mark: tuple[int, float, float] | None = None
+        self.aside_s = 0.0
+        self.valid_cost = (0, 0.0)
+
+    def elapsed(self) -> float:
+        return self.elapsed0 + time.monotonic() - self.t_start
+
+    def metric(self, record: dict[str, Any]) -> None:
+        if self.d.main:
+            record = {
+                "step": self.state.step,
+                "epoch": self.state.epoch,
+                "tokens": self.state.tokens,
+                **record,
+                "elapsed_s": round(self.elapsed(), 3),
+            }
+            with (self.out / METRICS_FILE).open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def log_train(self, lr: float) -> dict[str, float]:
+        loss_sum, nll_sum, n = all_sum(self.window, self.d)
+        now = time.monotonic()
+        rec = {
+            "loss": loss_sum / n,
+            "ppl": math.exp(min(nll_sum / n, 50.0)),
+            "lr": lr,
+            "tokens_per_s": n / max(now - self.window_t, 1e-9),
+        }
+        self.last_loss = rec["loss"]
+        self.metric(rec)
+        self.window, self.window_t = self._zeros(), now
+        return rec
+
+    def add_step(self, totals: Tensor, tokens: int) -> None:
+        """Add one step's (loss, NLL) device totals and its tokens to the log window.
+
+        Each rank adds tokens / world, so the sum over ranks is the step's total."""
+        self.window[:2] += totals
+        self.window[2] += tokens / self.d.world
+
+    def _zeros(self) -> Tensor:
+        return torch.zeros(3, dtype=torch.float64, device=self.d.device)
+
+    def validate(self) -> bool:
+        """Validation metrics, the best checkpoint and early stopping; True = stop now."""
+        tc, st = self.tc, self.state
+        rec = validate(self.model, self.data.valid, tc, self.d, self.precision)
+        if tc.bleu_samples > 0:  # rank 0 decodes; the sum hands its figures to every rank
+            bleu = (
+                validation_bleu(
+                    self.model,
+                    self.tok,
+                    self.data.valid,
+                    self.data.valid_refs,
+                    tc.bleu_samples,
+                    self.precision,
+                )
+                if self.d.main
+                else None
+            )
+            got = [bleu.score, bleu.length_ratio or 0.0, bleu.brevity_penalty or 0.0] if bleu \
+                else [0.0, 0.0, 0.0]  # fmt: skip
+            rec["valid_bleu"], rec["valid_length_ratio"], rec["valid_bp"] = all_sum(got, self.d)
+        value = rec["valid_bleu"] if tc.best_metric == "bleu" else rec["valid_loss"]
+        higher_is_better = tc.best_metric == "bleu"
+        better = st.best is None or (value > st.best if higher_is_better else value < st.best)
+        if better:
+            st.best, st.best_step, st.bad_validations = value, st.step, 0
+            if self.d.main:
+                # the run directory's model = the best so far
+                save_model_dir(self.model, self.out)
+        else:
+            st.bad_validations += 1
+        self.last_validated = st.step
+        self.metric({**rec, "best": st.best, "best_step": st.best_step})
+        log.info("step %d: %s", st.step, " ".join(f"{k}={v:.4g}" for k, v in rec.items()))
+        return tc.patience > 0 and st.bad_validations >= tc.patience
+
+    def save(self) -> None:
+        self.state.elapsed_s = self.elapsed()
+        if self.d.main:
+            save_checkpoint(
+                self.out, self.model, self.opt, self.state.to_json(), rng_tensors(self.d.device)
+            )
+            prune_checkpoints(self.out, self.tc.keep_last)
+            if not self.data.valid:  # no validation set: the run's model is the latest one
+                save_model_dir(self.model, self.out)
+        self.last_saved = self.state.step
+
+    def planned_averages(self) -> list[int]:
+        """The steps whose checkpoints are averaged at the end; [] before the total is fixed."""
+        st = self.state
+        if self.tc.average_last < 1 or st.total_steps < 1:
+            return []
+        after = max(st.fit_step, st.refit_step)  # planned when the total was last fixed
+        return average_steps(st.total_steps, self.tc.average_last, after=after)
+
+    def plan(self) -> BudgetPlan:
+        st = self.state
+        return BudgetPlan(st.total_steps, st.fit_step, st.warmup_end, st.refit_step,
+                          st.refit_progress)  # fmt: skip
+
+    def save_due(self) -> bool:
+        """A checkpoint every `save_every` steps, but only the averaged ones once their span
+        starts, so that keep_last (>= average_last) keeps every one of them."""
+        step, planned = self.state.step, self.planned_averages()
+        if planned and step >= planned[0]:
+            return step in planned
+        return self.tc.save_every > 0 and step % self.tc.save_every == 0
+
+    def should_stop(self, flag: dict[str, int]) -> str | None:
+        tc, st = self.tc, self.state
+        local = [
+            float(flag["signal"] != 0),
+            float(tc.max_minutes > 0 and self.elapsed() > 60 * tc.max_minutes),
+        ]
+        sig, late = all_sum(local, self.d)  # every rank must stop at the same step
+        if sig:
+            return "signal"
+        if late:
+            return "max_minutes"
+        if st.total_steps and st.step >= st.total_steps:  # cosine_budget's rate reached 0
+            return "total_steps"
+        if st.step >= tc.max_steps:
+            return "max_steps"
+        if tc.max_epochs and st.epoch >= tc.max_epochs:
+            return "max_epochs"
+        return None
