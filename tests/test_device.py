@@ -165,7 +165,7 @@ def test_a_run_saved_with_a_gpu_generator_resumes_on_the_cpu(tmp_path, caplog):
     tensors = load_tensors(ckpt / "optimizer.safetensors")  # add what a GPU run also saves
     tensors["rng.cuda"] = torch.zeros(16, dtype=torch.uint8)
     save_tensors(ckpt / "optimizer.safetensors", tensors)
-    with caplog.at_level(logging.INFO, logger="aiayn.store.model_dir"):
+    with caplog.at_level(logging.INFO, logger="aiayn.store.run_dir"):
         result = train(load_config(CONFIGS / "tiny_copy.toml", [*sets, "train.max_steps=4"]),
                        progress=False)  # fmt: skip
     assert result.step == 4

@@ -18,8 +18,10 @@ from hypothesis import strategies as st
 from aiayn.cli.main import main
 from aiayn.config import EOS_ID, DecodeConfig, ModelConfig
 from aiayn.errors import AiaynError
-from aiayn.glassbox.explain import explain, stable_name, trace_beam
-from aiayn.glassbox.render import View, parse_indices, to_html, to_json, to_text
+from aiayn.glassbox.explain import explain, trace_beam
+from aiayn.glassbox.explanation import stable_name
+from aiayn.glassbox.render import View, parse_indices, to_json, to_text
+from aiayn.glassbox.render_html import to_html
 from aiayn.glassbox.seed import seed_example_json, seed_example_text
 from aiayn.nn.model import Transformer
 from aiayn.search.decode import beam_search, greedy_decode

@@ -806,7 +806,7 @@ def test_a_run_slower_than_its_measured_speed_refits_its_end_and_still_averages(
             "train.max_minutes": 0.1, "train.max_steps": 10**6, "train.valid_every": 25,
             "train.bleu_samples": 40, "train.save_every": 1000,
             "train.average_last": 3}  # fmt: skip
-    with caplog.at_level(logging.INFO, logger="aiayn.training.train"):
+    with caplog.at_level(logging.INFO, logger="aiayn.training.budget"):
         result = train(tiny(corpus, out, **over), tokenizer=tok, progress=False)
     refits = [r.getMessage() for r in caplog.records if "now ends at step" in r.getMessage()]
     state = json.loads((list_checkpoints(out)[-1] / "train_state.json").read_text())

@@ -52,7 +52,8 @@ _EXPLAIN_SEARCH_FLAGS = {  # DecodeConfig field -> argparse dest
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    from aiayn.glassbox.render import View, explain_report, parse_indices
+    from aiayn.glassbox.render import View, parse_indices
+    from aiayn.glassbox.report import explain_report
     from aiayn.glassbox.seed import seed_example_json, seed_example_text
 
     if args.seed_example:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from aiayn.glassbox.explain import BeamTrace, Explanation
+from aiayn.glassbox.explanation import BeamTrace, Explanation
 
 CELL = 14  # pixels per vector element
 LABEL = 300  # pixels for a strip's label

@@ -8,21 +8,17 @@ Everything is printed in the order the model computes it (Figure 1, bottom to to
 
 from __future__ import annotations
 
-import html
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from aiayn.errors import AiaynError
-from aiayn.glassbox.explain import NAME_RE, BeamTrace, Entry, Explanation
+from aiayn.glassbox.explanation import NAME_RE, BeamTrace, Entry, Explanation
 
 if TYPE_CHECKING:
-    from aiayn.config import DecodeConfig
-    from aiayn.nn.model import Transformer
-    from aiayn.text.tokenizer import Tokenizer
-
+    pass
 MAX_INDICES = 10_000  # more layers, heads or steps than any model has
 HEAD_LEAVES = ("q", "k", "v", "scores", "scores_scaled", "scores_masked", "weights", "output")
 SEARCH_NAME = {"greedy": "greedy translation", "sample": "sampled translation"}
@@ -88,9 +84,6 @@ def parse_indices(text: str | None) -> tuple[int, ...] | None:
     return tuple(out)
 
 
-# --- the order things are computed in -------------------------------------------------------------
-
-
 def _attention_block(prefix: str, n_heads: int) -> list[str]:
     names = [f"{prefix}.head{h}.{leaf}" for h in range(1, n_heads + 1) for leaf in HEAD_LEAVES]
     return [*names, f"{prefix}.concat", f"{prefix}.output"]
@@ -135,10 +128,7 @@ def sections(trace: Explanation, view: View) -> Iterator[tuple[str, list[Entry],
         yield title, pick(names), t
 
 
-# --- text --------------------------------------------------------------------------------------
-
-
-def _fmt(x: float, precision: int) -> str:
+def format_number(x: float, precision: int) -> str:
     if x == float("-inf"):
         return "-inf"
     return f"{x:.{precision}f}"
@@ -152,12 +142,14 @@ def _table(entry: Entry, view: View) -> list[str]:
     token_cols = entry.cols is not None
     shown = n_cols if token_cols else min(n_cols, view.dims)
     header = list(entry.cols) if entry.cols else [f"d{j}" for j in range(shown)]
-    cells = [[_fmt(float(v), view.precision) for v in row[:shown]] for row in value]
+    cells = [[format_number(float(v), view.precision) for v in row[:shown]] for row in value]
     if not token_cols:
         header += ([f"…+{n_cols - shown}"] if shown < n_cols else []) + ["‖row‖"]
         norms = value.norm(dim=1)
         for r, row in enumerate(cells):
-            row += (["…"] if shown < n_cols else []) + [_fmt(float(norms[r]), view.precision)]
+            row += (["…"] if shown < n_cols else []) + [
+                format_number(float(norms[r]), view.precision)
+            ]
     labels = [f"{entry.row_start + i}:{p}" for i, p in enumerate(entry.rows)]
     if len(labels) != n_rows:
         labels = [str(i) for i in range(n_rows)]
@@ -171,7 +163,7 @@ def _table(entry: Entry, view: View) -> list[str]:
     return lines
 
 
-def _top_k_lines(trace: Explanation, t: int) -> list[str]:
+def top_k_lines(trace: Explanation, t: int) -> list[str]:
     choice = trace.steps[t]
     lines = [f"next token after step {t} (top {len(choice.top)} of softmax(logits)):"]
     chosen = CHOSEN[trace.search]
@@ -215,7 +207,7 @@ def to_text(trace: Explanation, view: View | None = None) -> str:
             shape = "x".join(str(s) for s in e.value.shape)
             out += ["", f"{e.name}  [{shape}]  {e.description}", *_table(e, view)]
         if step is not None:
-            out += ["", *_top_k_lines(trace, step)]
+            out += ["", *top_k_lines(trace, step)]
     out += [
         "",
         f"== {SEARCH_NAME[trace.search]}: {trace.translation!r} ==",
@@ -260,9 +252,6 @@ def beam_text(beam: BeamTrace) -> list[str]:
     if beam.finished:
         out.append(f"beam search output: {beam.best.text()}")
     return out
-
-
-# --- JSON ----------------------------------------------------------------------------------------
 
 
 def _jsonable(rows: list) -> list:
@@ -321,162 +310,3 @@ def to_json(trace: Explanation, view: View | None = None) -> dict:
 
 def to_json_text(trace: Explanation, view: View | None = None) -> str:
     return json.dumps(to_json(trace, view), ensure_ascii=False, allow_nan=False) + "\n"
-
-
-# --- HTML ----------------------------------------------------------------------------------------
-
-_CSS = """body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
-table{border-collapse:collapse;font:12px ui-monospace,monospace;margin:.3em 0 1em}
-td,th{padding:1px 6px;text-align:right;border:1px solid #eee}th{background:#f6f6f6}
-summary{cursor:pointer;font-family:ui-monospace,monospace}summary span{color:#666;
-font-family:system-ui}h2{margin-top:1.5em;border-bottom:1px solid #ccc}
-pre{background:#f8f8f8;padding:.5em}"""
-
-
-def _shade(v: float, scale: float, weights: bool) -> str:
-    if v == float("-inf") or scale == 0:
-        return "background:#ddd" if v == float("-inf") else ""
-    a = min(1.0, abs(v) / scale)
-    if weights:
-        return f"background:rgba(31,119,180,{a:.2f})"
-    return f"background:rgba({'214,39,40' if v > 0 else '31,119,180'},{0.6 * a:.2f})"
-
-
-def _html_table(e: Entry, view: View) -> str:
-    value = e.value.float()
-    if value.dim() == 1:
-        value = value[None]
-    n_cols = value.size(1)
-    shown = n_cols if e.cols is not None else min(n_cols, view.dims)
-    head = e.cols if e.cols is not None else [f"d{j}" for j in range(shown)]
-    finite = value[:, :shown][value[:, :shown].isfinite()]
-    scale = float(finite.abs().max()) if finite.numel() else 0.0
-    weights = e.name.endswith("weights")
-    rows = []
-    for r in range(value.size(0)):
-        label = e.rows[r] if r < len(e.rows) else str(r)
-        cells = "".join(
-            f'<td style="{_shade(float(v), scale, weights)}">{_fmt(float(v), view.precision)}</td>'
-            for v in value[r, :shown]
-        )
-        more = "<td>…</td>" if shown < n_cols else ""
-        rows.append(f"<tr><th>{html.escape(label)}</th>{cells}{more}</tr>")
-    ths = "".join(f"<th>{html.escape(h)}</th>" for h in head) + (
-        "<th>…</th>" if shown < n_cols else ""
-    )
-    return f"<table><tr><th></th>{ths}</tr>{''.join(rows)}</table>"
-
-
-def to_html(trace: Explanation, view: View | None = None) -> str:
-    """One self-contained page (no script, no network): a collapsible table per tensor."""
-    view = view or View()
-    view.check(trace)
-    esc = html.escape
-    parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>aiayn explain: "
-        f"{esc(trace.source)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>aiayn explain</h1><p>source: <b>{esc(trace.source)}</b><br>"
-        f"{SEARCH_NAME[trace.search]}: "
-        f"<b>{esc(trace.translation)}</b></p><pre>{esc(json.dumps(trace.config))}</pre>",
-        "<h2>tokens</h2><table><tr><th>pos</th><th>id</th><th>piece</th></tr>",
-        *(
-            f"<tr><td>{i}</td><td>{t}</td><td>{esc(p)}</td></tr>"
-            for i, (t, p) in enumerate(zip(trace.src_ids, trace.src_pieces, strict=True))
-        ),
-        "</table>",
-    ]
-    for title, entries, step in sections(trace, view):
-        parts.append(f"<h2>{esc(title)}</h2>")
-        for e in entries:
-            parts.append(
-                f"<details><summary>{esc(e.name)} <span>[{'x'.join(map(str, e.value.shape))}] "
-                f"{esc(e.description)}</span></summary>{_html_table(e, view)}</details>"
-            )
-        if step is not None:
-            parts.append(f"<pre>{esc(chr(10).join(_top_k_lines(trace, step)))}</pre>")
-    if isinstance(trace.beam, BeamTrace):
-        parts.append(f"<h2>beam search</h2><pre>{esc(chr(10).join(beam_text(trace.beam)))}</pre>")
-    parts.append("</body></html>\n")
-    return "\n".join(parts)
-
-
-def trace_settings(
-    cfg: DecodeConfig, top_k: int, max_len: int | None, beam: int, overrides: dict | None
-) -> tuple[DecodeConfig, DecodeConfig]:
-    """(the traced search's settings, the beam trace's), checked: a one-line AiaynError."""
-    import dataclasses
-
-    from aiayn.search.settings import check_decode_config
-
-    if top_k < 1:
-        raise AiaynError(f"--top-k must be at least 1, got {top_k}")
-    if max_len is not None and max_len < 1:
-        raise AiaynError(f"--max-len must be at least 1, got {max_len}")
-    if beam < 0:
-        raise AiaynError(f"--beam must be at least 1 (0 = no beam trace), got {beam}")
-    cfg = dataclasses.replace(cfg, **(overrides or {}))
-    beam_cfg = dataclasses.replace(cfg, beam_size=max(beam, 1), nbest=1, sample=False)
-    for c in (dataclasses.replace(cfg, beam_size=1, nbest=1), beam_cfg):
-        check_decode_config(c)
-    return cfg, beam_cfg
-
-
-def trace_sentence(
-    model: Transformer,
-    tok: Tokenizer,
-    sentence: str,
-    cfg: DecodeConfig,
-    *,
-    top_k: int = 5,
-    max_len: int | None = None,
-    beam: int = 0,
-    overrides: dict[str, object] | None = None,
-    want: Callable[[str], bool] | None = None,
-    max_numel: int | None = None,
-) -> Explanation:
-    """The trace `aiayn explain` renders and `aiayn serve`'s /v1/explain sends.
-
-    `cfg` is the model's saved search settings, with `overrides` (DecodeConfig fields)
-    replaced; the traced search is greedy, or sampling when `sample` is set, and `beam` > 0
-    also traces beam search of that size. `want` and `max_numel`: see `aiayn.glassbox.explain.explain`.
-    """
-    from aiayn.glassbox.explain import explain, trace_beam
-
-    cfg, beam_cfg = trace_settings(cfg, top_k, max_len, beam, overrides)
-    trace = explain(model, tok, sentence, top_k=top_k, max_len=max_len, cfg=cfg, want=want,
-                    max_numel=max_numel)  # fmt: skip
-    if beam:
-        trace.beam = trace_beam(model, tok, sentence, beam_cfg, max_len=max_len)
-    return trace
-
-
-def explain_report(
-    model_dir: str,
-    sentence: str,
-    *,
-    fmt: str = "text",
-    view: View | None = None,
-    top_k: int = 5,
-    max_len: int | None = None,
-    beam: int = 0,
-    device: str = "auto",
-    overrides: dict[str, object] | None = None,
-) -> str:
-    """What `aiayn explain` prints: load the model directory onto `device`, trace it with
-    `trace_sentence` and the model's saved `[decode]` table (as `aiayn translate` uses), render
-    as `fmt` (numbers are computed in fp32 wherever the model runs)."""
-    from aiayn.nn.model import Transformer
-    from aiayn.runtime.device import resolve_device
-    from aiayn.store.model_dir import load_model_dir
-    from aiayn.text.tokenizer import Tokenizer
-    from aiayn.translate.translator import saved_decode_config
-
-    cfg = saved_decode_config(model_dir)
-    trace_settings(cfg, top_k, max_len, beam, overrides)  # bad settings fail before the load
-    model = load_model_dir(model_dir, resolve_device(device), expect=Transformer)
-    tok = Tokenizer.load(model_dir)
-    trace = trace_sentence(
-        model, tok, sentence, cfg, top_k=top_k, max_len=max_len, beam=beam, overrides=overrides
-    )
-    render = {"text": to_text, "json": to_json_text, "html": to_html}[fmt]
-    return render(trace, view)

@@ -58,7 +58,8 @@ from starlette.exceptions import HTTPException
 from aiayn import __version__
 from aiayn.config import DecodeConfig, to_dict
 from aiayn.errors import AiaynError
-from aiayn.glassbox.render import View, to_json, trace_sentence, trace_settings
+from aiayn.glassbox.render import View, to_json
+from aiayn.glassbox.report import trace_sentence, trace_settings
 from aiayn.nn.tracing import TraceTooLargeError
 from aiayn.serve.batcher import Batcher, ClosedError, ExpiredError, Job, QueueFullError
 from aiayn.serve.guard import (

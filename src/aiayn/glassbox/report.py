@@ -1,0 +1,92 @@
+"""One sentence of a model traced and rendered: the settings a trace may have (checked before
+anything runs), `trace_sentence` (what `aiayn explain` renders and `/v1/explain` sends) and
+`explain_report` (what `aiayn explain` prints for a model directory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from aiayn.config import DecodeConfig
+from aiayn.errors import AiaynError
+from aiayn.glassbox.explain import explain, trace_beam
+from aiayn.glassbox.explanation import Explanation
+from aiayn.glassbox.render import View, to_json_text, to_text
+from aiayn.glassbox.render_html import to_html
+from aiayn.nn.model import Transformer
+from aiayn.runtime.device import resolve_device
+from aiayn.search.settings import check_decode_config
+from aiayn.store.model_dir import load_model_dir
+from aiayn.text.tokenizer import Tokenizer
+from aiayn.translate.translator import saved_decode_config
+
+
+def trace_settings(
+    cfg: DecodeConfig, top_k: int, max_len: int | None, beam: int, overrides: dict | None
+) -> tuple[DecodeConfig, DecodeConfig]:
+    """(the traced search's settings, the beam trace's), checked: a one-line AiaynError."""
+    if top_k < 1:
+        raise AiaynError(f"--top-k must be at least 1, got {top_k}")
+    if max_len is not None and max_len < 1:
+        raise AiaynError(f"--max-len must be at least 1, got {max_len}")
+    if beam < 0:
+        raise AiaynError(f"--beam must be at least 1 (0 = no beam trace), got {beam}")
+    cfg = dataclasses.replace(cfg, **(overrides or {}))
+    beam_cfg = dataclasses.replace(cfg, beam_size=max(beam, 1), nbest=1, sample=False)
+    for c in (dataclasses.replace(cfg, beam_size=1, nbest=1), beam_cfg):
+        check_decode_config(c)
+    return cfg, beam_cfg
+
+
+def trace_sentence(
+    model: Transformer,
+    tok: Tokenizer,
+    sentence: str,
+    cfg: DecodeConfig,
+    *,
+    top_k: int = 5,
+    max_len: int | None = None,
+    beam: int = 0,
+    overrides: dict[str, object] | None = None,
+    want: Callable[[str], bool] | None = None,
+    max_numel: int | None = None,
+) -> Explanation:
+    """The trace `aiayn explain` renders and `aiayn serve`'s /v1/explain sends.
+
+    `cfg` is the model's saved search settings, with `overrides` (DecodeConfig fields)
+    replaced; the traced search is greedy, or sampling when `sample` is set, and `beam` > 0
+    also traces beam search of that size. `want` and `max_numel`: see `aiayn.glassbox.explain.explain`.
+    """
+    cfg, beam_cfg = trace_settings(cfg, top_k, max_len, beam, overrides)
+    trace = explain(model, tok, sentence, top_k=top_k, max_len=max_len, cfg=cfg, want=want,
+                    max_numel=max_numel)  # fmt: skip
+    if beam:
+        trace.beam = trace_beam(model, tok, sentence, beam_cfg, max_len=max_len)
+    return trace
+
+
+def explain_report(
+    model_dir: str,
+    sentence: str,
+    *,
+    fmt: str = "text",
+    view: View | None = None,
+    top_k: int = 5,
+    max_len: int | None = None,
+    beam: int = 0,
+    device: str = "auto",
+    overrides: dict[str, object] | None = None,
+) -> str:
+    """What `aiayn explain` prints: load the model directory onto `device`, trace it with
+    `trace_sentence` and the model's saved `[decode]` table (as `aiayn translate` uses), render
+    as `fmt` (numbers are computed in fp32 wherever the model runs)."""
+    cfg = saved_decode_config(model_dir)
+    trace_settings(cfg, top_k, max_len, beam, overrides)  # bad settings fail before the load
+    model = load_model_dir(model_dir, resolve_device(device), expect=Transformer)
+    tok = Tokenizer.load(model_dir)
+    trace = trace_sentence(
+        model, tok, sentence, cfg, top_k=top_k, max_len=max_len, beam=beam, overrides=overrides
+    )
+    render = {"text": to_text, "json": to_json_text, "html": to_html}[fmt]
+    return render(trace, view)
