@@ -43,7 +43,7 @@ from aiayn.interop.export_ct2 import export_ctranslate2
 from aiayn.interop.export_onnx import export_onnx
 from aiayn.nn.model import Transformer
 from aiayn.store.model_dir import load_model_dir
-from aiayn.text.data import pad_rows
+from aiayn.text.batches import pad_rows
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.translate.metrics import bleu
 from aiayn.translate.translator import Translator, read_file_lines

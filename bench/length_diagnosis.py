@@ -43,7 +43,7 @@ import torch
 from aiayn.config import DecodeConfig
 from aiayn.search import decode
 from aiayn.search.settings import Hypothesis, length_penalty
-from aiayn.text.data import Example, collate
+from aiayn.text.batches import Example, collate
 from aiayn.translate.metrics import bleu
 from aiayn.translate.translator import Translator, read_file_lines
 

@@ -40,7 +40,8 @@ import torch.nn.functional as F
 from multi30k_epoch import cpu_name  # one CPU-name probe for the bench scripts
 
 from aiayn.runtime.device import Precision, choose_precision
-from aiayn.text.data import Example, batch_plan, collate, encode_pairs, read_parallel
+from aiayn.text.batches import Example, batch_plan, collate, encode_pairs
+from aiayn.text.corpus import read_parallel
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.schedule import inverse_sqrt_lr
 from aiayn.translate.metrics import bleu

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from aiayn.config import PAD_ID, ModelConfig
 from aiayn.nn.model import Transformer, count_parameters, sinusoidal_positions
-from aiayn.text.data import Batch, Example, batch_plan, collate
+from aiayn.text.batches import Batch, Example, batch_plan, collate
 from aiayn.training.loss import label_smoothed_loss
 
 

@@ -23,7 +23,8 @@ from aiayn.nn.model import Transformer
 from aiayn.runtime.device import choose_precision
 from aiayn.runtime.distributed import init_distributed
 from aiayn.store.model_dir import load_model_dir
-from aiayn.text.data import encode_pairs, read_parallel
+from aiayn.text.batches import encode_pairs
+from aiayn.text.corpus import read_parallel
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.validate import validate
 

@@ -11,17 +11,8 @@ from hypothesis import strategies as st
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID
 from aiayn.errors import DataError
-from aiayn.text.data import (
-    MAX_LINE_CHARS,
-    DataStats,
-    Example,
-    batch_plan,
-    collate,
-    encode_pairs,
-    hold_out,
-    padding_efficiency,
-    read_parallel,
-)
+from aiayn.text.batches import Example, batch_plan, collate, encode_pairs, padding_efficiency
+from aiayn.text.corpus import MAX_LINE_CHARS, DataStats, hold_out, read_parallel
 from aiayn.text.tokenizer import Tokenizer
 
 

@@ -26,7 +26,7 @@ from aiayn.errors import ConfigError
 from aiayn.nn.model import Transformer
 from aiayn.nn.variants import DecoderLM
 from aiayn.store.model_dir import save_model_dir
-from aiayn.text.data import pad_rows
+from aiayn.text.batches import pad_rows
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.translate.metrics import bleu
 from aiayn.translate.translator import Translator

@@ -21,7 +21,7 @@ from aiayn.interop.marian import import_marian
 from aiayn.nn.model import Transformer
 from aiayn.search.decode import beam_search, greedy_search
 from aiayn.store.model_dir import load_model_dir
-from aiayn.text.data import encode_pairs, pad_rows
+from aiayn.text.batches import encode_pairs, pad_rows
 from aiayn.text.tokenizer import MarianTokenizer, Tokenizer
 
 SRC_WORDS = ["ein", "eine", "der", "die", "das", "Mann", "Frau", "Hund", "Katze", "läuft",

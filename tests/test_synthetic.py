@@ -14,7 +14,7 @@ from num2words import num2words
 
 from aiayn.cli.main import main
 from aiayn.errors import DataError
-from aiayn.text.data import DataStats, read_parallel
+from aiayn.text.corpus import DataStats, read_parallel
 from aiayn.text.synthetic import (
     DATE_WIDTHS,
     FIRST_DATE,

@@ -69,8 +69,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     try:
-        from aiayn.serve.app import Limits, ServeOptions
+        from aiayn.serve.requests import Limits
         from aiayn.serve.run import serve
+        from aiayn.serve.server import ServeOptions
     except ImportError as e:  # the serve extra is optional
         raise AiaynError(f"serve needs the serve extra (pip install -e '.[serve]'): {e}") from None
     positive = ("max_chars_per_request", "max_chars_per_sentence", "max_sentences", "max_beam",

@@ -23,7 +23,7 @@ from aiayn.errors import AiaynError
 from aiayn.nn.model import AttentionMaps, Transformer
 from aiayn.nn.tracing import tracing
 from aiayn.nn.variants import DecoderLM, EncoderClassifier
-from aiayn.text.data import pad_rows
+from aiayn.text.batches import pad_rows
 from aiayn.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

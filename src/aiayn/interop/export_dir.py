@@ -108,3 +108,19 @@ def export_decode_config(meta: dict[str, Any], directory: str | Path) -> DecodeC
         return from_dict(DecodeConfig, meta.get("decode", {}), "decode")
     except (ConfigError, TypeError) as e:
         raise CheckpointError(f"{directory}/{EXPORT_FILE}: bad decode settings: {e}") from None
+
+
+def export_engine(directory: Path) -> str | None:
+    """The engine of an `aiayn export` directory (with its quantization), None otherwise."""
+    if not is_export_dir(directory):
+        return None
+    meta = read_export_meta(directory)
+    return f"{meta['engine']} ({meta.get('quantization', 'float32')})"
+
+
+def export_source(directory: Path) -> Path | None:
+    """The model directory an export was made from, if it is still there."""
+    if not is_export_dir(directory):
+        return None
+    source = Path(str(read_export_meta(directory).get("source_model", "")))
+    return source if source.is_dir() else None

@@ -43,7 +43,7 @@ import torch
 from aiayn.config import DecodeConfig
 from aiayn.search.decode import SearchStoppedError, stop_when
 from aiayn.search.settings import max_output_lengths, output_cap
-from aiayn.text.data import cut_batches
+from aiayn.text.batches import cut_batches
 from aiayn.translate.translator import Translation, Translator
 
 log = logging.getLogger(__name__)

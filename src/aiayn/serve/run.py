@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from aiayn.errors import AiaynError
-from aiayn.serve.app import ServeOptions, create_app
+from aiayn.serve.app import create_app
+from aiayn.serve.server import ServeOptions
 from aiayn.translate.translator import Translator
 
 

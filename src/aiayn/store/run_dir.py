@@ -32,7 +32,7 @@ from aiayn.store.checkpoints import (
     load_optimizer_tensors,
 )
 from aiayn.store.model_dir import WEIGHTS_FILE, check_state_dict, load_tensors
-from aiayn.text.data import HELDOUT_FILES
+from aiayn.text.corpus import HELDOUT_FILES
 from aiayn.text.tokenizer import TOKENIZER_FILES
 
 log = logging.getLogger(__name__)

@@ -42,7 +42,7 @@ import numpy as np
 
 from aiayn.atomic import atomic_dir
 from aiayn.errors import DataError
-from aiayn.text.data import raw_pairs
+from aiayn.text.corpus import raw_pairs
 
 PAIR_KINDS = ("empty", "control", "long", "copies", "misaligned", "script", "duplicates",
               "near_duplicates")  # fmt: skip

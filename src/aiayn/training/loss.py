@@ -16,9 +16,7 @@ from torch import Tensor
 from aiayn.config import TrainConfig
 from aiayn.runtime.device import Precision
 from aiayn.runtime.distributed import Dist
-from aiayn.text.data import (
-    Batch,
-)
+from aiayn.text.batches import Batch
 
 log = logging.getLogger(__name__)
 

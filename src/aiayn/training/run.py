@@ -29,9 +29,7 @@ from aiayn.store.run_dir import (
     TrainState,
     rng_tensors,
 )
-from aiayn.text.data import (
-    RunData,
-)
+from aiayn.text.data import RunData
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.schedule import BudgetPlan, average_steps
 from aiayn.training.validate import validate, validation_bleu

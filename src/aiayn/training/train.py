@@ -37,15 +37,9 @@ from aiayn.store.run_dir import (
     find_resume,
     restore_checkpoint,
 )
-from aiayn.text.data import (
-    HELDOUT_FILES,
-    Heldout,
-    StepLoader,
-    collate,
-    hold_out,
-    load_data,
-    read_parallel,
-)
+from aiayn.text.batches import collate
+from aiayn.text.corpus import HELDOUT_FILES, Heldout, hold_out, read_parallel
+from aiayn.text.data import StepLoader, load_data
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.budget import fit_budget, refit_budget
 from aiayn.training.finish import finish_run

@@ -10,11 +10,7 @@ from aiayn.config import TrainConfig
 from aiayn.nn.model import Transformer
 from aiayn.runtime.device import Precision
 from aiayn.runtime.distributed import Dist, all_sum
-from aiayn.text.data import (
-    Example,
-    batch_plan,
-    collate,
-)
+from aiayn.text.batches import Example, batch_plan, collate
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.translate import metrics

@@ -29,7 +29,8 @@ from aiayn.runtime.device import Precision, choose_precision, resolve_device
 from aiayn.search.decode import search
 from aiayn.search.settings import Hypothesis, check_decode_config, sample_seed
 from aiayn.store.model_dir import load_model_dir
-from aiayn.text.data import cut_batches, pad_rows, read_lines
+from aiayn.text.batches import cut_batches, pad_rows
+from aiayn.text.corpus import read_lines
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.translate.metrics import bleu, bleu_by_source_length, chrf, exact_match
 

@@ -1,0 +1,192 @@
+"""Parallel text in: two line-aligned files (or one TSV), streamed line by line and checked.
+
+Unusable pairs are dropped *as pairs* and counted (`DataStats`): line i of the source is only
+ever paired with line i of the target. Errors a user can cause (different line counts, invalid
+UTF-8, an empty file) are `DataError`s with one-line messages. `hold_out` sets aside a
+validation set from a training corpus (deduplicated against it) when the user gave none.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from aiayn.errors import DataError
+
+MAX_LINE_CHARS = 10_000  # a "sentence" longer than this is almost surely a broken line
+
+
+@dataclass
+class DataStats:
+    """What reading and encoding kept and dropped, so that filtering is never silent."""
+
+    read: int = 0
+    held_out: int = 0  # left out of training: held out for validation, or a held-out source
+    empty: int = 0  # a side is empty (or whitespace only)
+    too_long_chars: int = 0  # a side has more than MAX_LINE_CHARS characters
+    too_long_tokens: int = 0  # a side has more than max_len tokens (with EOS)
+    examples: list[str] = field(default_factory=list)  # where the first drops happened
+
+    def drop(self, reason: str, where: str) -> None:
+        setattr(self, reason, getattr(self, reason) + 1)
+        if len(self.examples) < 5:
+            self.examples.append(where)
+
+    @property
+    def dropped(self) -> int:
+        return self.empty + self.too_long_chars + self.too_long_tokens
+
+    @property
+    def kept(self) -> int:
+        return self.read - self.held_out - self.dropped
+
+    def report(self, name: str) -> str:
+        msg = f"{name}: read {self.read} pairs, kept {self.kept}"
+        if self.held_out:
+            msg += f"; {self.held_out} held out for validation (or sharing a held-out source)"
+        if self.dropped:
+            msg += (
+                f"; dropped {self.dropped} (empty side {self.empty}, over {MAX_LINE_CHARS} chars "
+                f"{self.too_long_chars}, over max_len tokens {self.too_long_tokens}; "
+                f"first: {', '.join(self.examples)})"
+            )
+        return msg
+
+
+def read_lines(stream: BinaryIO, name: str) -> Iterator[str]:
+    """Decoded lines of a binary stream without their newline; invalid UTF-8 is a DataError
+    that names the file (`name`) and the line."""
+    for line_no, raw in enumerate(stream, 1):
+        try:
+            yield raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as e:
+            raise DataError(
+                f"{name}: line {line_no} is not valid UTF-8 (byte {e.start}: {e.reason})"
+            ) from None
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """Decoded lines of the corpus file `path` (see `read_lines`)."""
+    try:
+        f = path.open("rb")
+    except FileNotFoundError:
+        raise DataError(f"corpus file not found: {path}") from None
+    with f:
+        yield from read_lines(f, str(path))
+
+
+def _count_lines(path: Path) -> int:
+    with path.open("rb") as f:
+        return sum(1 for _ in f)
+
+
+def _aligned(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
+    """Line i of `src` with line i of `tgt`; a length mismatch is a DataError naming both counts."""
+    src_it, tgt_it = _lines(src), _lines(tgt)
+    n = 0
+    while True:
+        s, t = next(src_it, None), next(tgt_it, None)
+        if s is None or t is None:
+            if s is None and t is None:
+                return
+            n_src = n + (0 if s is None else 1 + sum(1 for _ in src_it))
+            n_tgt = n + (0 if t is None else 1 + sum(1 for _ in tgt_it))
+            raise DataError(
+                f"{src} has {n_src} lines but {tgt} has {n_tgt}: the files must be line-aligned"
+            )
+        n += 1
+        yield s, t
+
+
+def _tsv(path: Path) -> Iterator[tuple[str, str]]:
+    for line_no, line in enumerate(_lines(path), 1):
+        cols = line.split("\t")
+        if len(cols) != 2:
+            raise DataError(f"{path}: line {line_no} has {len(cols)} tab-separated fields, not 2")
+        yield cols[0], cols[1]
+
+
+def read_parallel(
+    src: str | Path,
+    tgt: str | Path | None = None,
+    stats: DataStats | None = None,
+    heldout: Heldout | None = None,
+) -> Iterator[tuple[str, str]]:
+    """Stream (source, target) sentence pairs from two line-aligned files or one TSV.
+
+    A pair with an empty side or a side over MAX_LINE_CHARS characters is dropped whole (the
+    other side with it, so alignment holds) and counted in `stats`. Surrounding whitespace is
+    stripped. Raises DataError for an empty file, different line counts or invalid UTF-8.
+    With `heldout` (see `hold_out`), its lines, and every pair with one of its sources, are
+    left out (counted as `held_out`).
+    """
+    stats = stats if stats is not None else DataStats()
+    return _filtered(raw_pairs(src, tgt), stats, heldout)
+
+
+def raw_pairs(src: str | Path, tgt: str | Path | None) -> Iterator[tuple[str, str]]:
+    """Every line pair as read (nothing stripped or dropped); files checked at the call."""
+    src = Path(src)
+    paths = [src] if not tgt else [src, Path(tgt)]
+    for p in paths:
+        if not p.is_file():
+            raise DataError(f"corpus file not found: {p}")
+        if p.stat().st_size == 0:
+            raise DataError(f"corpus file is empty: {p}")
+    return _tsv(src) if not tgt else _aligned(src, Path(tgt))
+
+
+def _filtered(
+    pairs: Iterator[tuple[str, str]], stats: DataStats, heldout: Heldout | None = None
+) -> Iterator[tuple[str, str]]:
+    for line_no, (s, t) in enumerate(pairs, 1):
+        stats.read += 1
+        s, t = s.strip(), t.strip()
+        if heldout is not None and (line_no - 1 in heldout.lines or s in heldout.sources):
+            stats.held_out += 1
+        elif not s or not t:
+            stats.drop("empty", f"line {line_no}")
+        elif len(s) > MAX_LINE_CHARS or len(t) > MAX_LINE_CHARS:
+            stats.drop("too_long_chars", f"line {line_no}")
+        else:
+            yield s, t
+
+
+HELDOUT_FILES = ("heldout_valid.src", "heldout_valid.tgt")  # written into the run directory
+HELDOUT_MAX = 2000  # pairs: enough for a stable loss and BLEU, cheap to validate on a CPU
+HELDOUT_SHARE = 0.05  # at most this share of the corpus, so small corpora keep 95% to learn
+
+
+@dataclass(frozen=True)
+class Heldout:
+    """Validation pairs drawn from the training corpus, and what training must then leave out."""
+
+    pairs: list[tuple[str, str]]  # stripped, usable (no empty or over-long side), one per source
+    lines: frozenset[int]  # 0-based corpus lines drawn (a drawn line that was unusable too)
+    sources: frozenset[str]  # training pairs with one of these sources are left out as well
+    corpus_lines: int
+
+
+def hold_out(src: str | Path, tgt: str | Path | None, seed: int) -> Heldout:
+    """Draw min(HELDOUT_MAX, HELDOUT_SHARE of the lines) corpus lines as a validation set.
+
+    The draw is a pure function of (line count, seed), so every rank and every resumed session
+    holds out the same pairs. Two streaming passes: one counts lines, one keeps the drawn ones.
+    The pairs are deduplicated by source, and training leaves out every pair whose source is a
+    held-out one (`read_parallel(..., heldout=...)`), so no validation source is trained on.
+    """
+    n = _count_lines(Path(src)) if Path(src).is_file() else 0  # a missing file: raised below
+    k = min(HELDOUT_MAX, int(HELDOUT_SHARE * n))
+    drawn = frozenset(random.Random(seed).sample(range(n), k))
+    pairs: list[tuple[str, str]] = []
+    sources: set[str] = set()
+    for i, (s, t) in enumerate(raw_pairs(src, tgt)):
+        s, t = s.strip(), t.strip()
+        usable = s and t and len(s) <= MAX_LINE_CHARS and len(t) <= MAX_LINE_CHARS
+        if i in drawn and usable and s not in sources:
+            pairs.append((s, t))
+            sources.add(s)
+    return Heldout(pairs, drawn, frozenset(sources), n)
