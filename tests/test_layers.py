@@ -1,6 +1,6 @@
 """The import graph of src/aiayn: packages in one stack, no cycles, and the README says so.
 
-A module imports the foundations (the top-level modules: errors, config, atomic) and modules of
+A module imports the foundations (the top-level modules: errors, atomic, config, reference) and modules of
 its own package or of a package before it in PACKAGES, never one after it. PACKAGES is also the
 README's dependency sentence, so the two cannot drift apart.
 """
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "aiayn"
 
 # The top-level modules, bottom to top: every package may import them.
-FOUNDATIONS = ["errors", "config", "atomic", "reference"]
+FOUNDATIONS = ["errors", "atomic", "config", "reference"]
 # The packages, bottom to top: the stages of the paper, then of a translator's life.
 PACKAGES = [
     "runtime", "nn", "text", "search", "store", "translate", "training", "interop", "glassbox",
@@ -105,3 +105,17 @@ def test_the_readme_states_the_same_stack():
     assert sentence, "the README's layout section lost its dependency sentence"
     named = re.findall(r"`(\w+)/`", sentence.group(1))
     assert named == PACKAGES
+
+
+def test_every_public_name_is_importable_from_aiayn():
+    import aiayn
+
+    missing = [name for name in aiayn.__all__ if not hasattr(aiayn, name)]
+    assert missing == []
+    from aiayn import Tokenizer, Translator, Transformer, train  # the README's spelling
+
+    assert Translator.__module__ == "aiayn.translate.translator" and callable(train)
+    assert (
+        Tokenizer.__module__ == "aiayn.text.tokenizer"
+        and Transformer.__module__ == "aiayn.nn.model"
+    )

@@ -11,6 +11,9 @@ Permissions follow what a plain `open(path, "w")` would give: a new file gets
 A directory is written the same way (`atomic_dir`): filled under a temporary sibling name and
 renamed into place, so an exported or imported model directory is complete or absent.
 
+Reading aiayn's own JSON files back has one owner too (`read_json_object`): a missing, unreadable
+or foreign file is a one-line CheckpointError naming it.
+
 A leaf module: it imports only `aiayn.errors`, so anything may use it without pulling in torch.
 """
 
@@ -26,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, TextIO, cast
 
-from aiayn.errors import ConfigError
+from aiayn.errors import CheckpointError, ConfigError
 
 
 def _create_temp(path: Path) -> tuple[int, Path]:
@@ -174,3 +177,36 @@ def same_file(a: str | Path, b: str | Path) -> bool:
         return os.path.samestat(os.stat(a), os.stat(b))
     except OSError:
         return Path(a).resolve() == Path(b).resolve()
+
+
+def read_json_object(
+    path: Path,
+    missing: str | None = None,
+    *,
+    fmt: tuple[str, str, int | None] | None = None,
+) -> dict[str, Any]:
+    """The JSON object in `path` (one of aiayn's own files). A missing file is `{}` when
+    `missing` is None, else a CheckpointError that says `missing`; unreadable bytes, bad UTF-8
+    or JSON, or anything but an object is a CheckpointError naming the file. `fmt` is
+    (what the file is, its "format" field, its "format_version" or None), checked too."""
+    if not path.is_file():
+        if missing is None:
+            return {}
+        raise CheckpointError(missing)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise CheckpointError(f"{path} is unreadable: {e.strerror}") from None
+    except ValueError as e:  # bad JSON or bad UTF-8
+        raise CheckpointError(f"{path} is unreadable: corrupt JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} is unreadable: not a JSON object")
+    if fmt is not None:
+        what, name, version = fmt
+        if data.get("format") != name:
+            raise CheckpointError(f"{path} is not {what} (format != {name!r})")
+        if version is not None and data.get("format_version") != version:
+            raise CheckpointError(
+                f"{path} has format_version {data.get('format_version')}; this aiayn reads {version}"
+            )
+    return data

@@ -11,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import tomllib
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import TypeAdapter, ValidationError
+
+from aiayn.atomic import read_json_object
 from aiayn.errors import ConfigError
 
 # The special-id layout aiayn trains its SentencePiece vocabularies with (text/tokenizer.py), and
@@ -39,18 +41,7 @@ def read_run_config(directory: str | Path) -> dict[str, Any]:
     learns of a model): an unreadable file or one that is not a JSON object is a
     CheckpointError naming it, never a silent default.
     """
-    from aiayn.errors import CheckpointError
-
-    path = Path(directory) / RUN_CONFIG_FILE
-    if not path.is_file():
-        return {}
-    try:
-        table = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:  # ValueError: bad JSON or bad UTF-8
-        raise CheckpointError(f"{path} is unreadable: {e}") from None
-    if not isinstance(table, dict):
-        raise CheckpointError(f"{path} is unreadable: not a JSON object")
-    return table
+    return read_json_object(Path(directory) / RUN_CONFIG_FILE)
 
 
 @dataclass(frozen=True)
@@ -221,68 +212,39 @@ class Config:
 # --- reading and overriding -------------------------------------------------------------------
 
 
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """Convert `value` (from TOML or a `--set` string) to the dataclass field type `tp`."""
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if value not in choices:
-            raise ConfigError(f"{where}={value!r}: choose one of {list(choices)}")
-        return value
-    if origin is tuple:
-        if isinstance(value, str):
-            value = [v for v in value.strip("()[] ").split(",") if v.strip()]
-        args = typing.get_args(tp)
-        if not isinstance(value, list | tuple) or len(value) != len(args):
-            raise ConfigError(f"{where}={value!r}: expected {len(args)} comma-separated values")
-        return tuple(_coerce(v, a, where) for v, a in zip(value, args, strict=True))
-    if origin in (types.UnionType, typing.Union):
-        raise ConfigError(f"{where}: union fields are not supported")
+def _config_error(e: ValidationError, where: str) -> ConfigError:
+    """pydantic's first complaint as aiayn's one line: `train.max_tokens='lots': expected int`."""
+    err = e.errors()[0]
+    kind, ctx = err["type"], err.get("ctx", {})
+    if kind == "value_error":  # a dataclass's own check (__post_init__) said it: keep its words
+        return ConfigError(str(ctx["error"]))
+    at = ".".join([where, *map(str, err["loc"])]).strip(".")
+    if kind == "missing":
+        return ConfigError(f"[{where}]: missing required field {at!r}")
+    if kind == "literal_error":
+        return ConfigError(f"{at}={err['input']!r}: choose one of {ctx['expected']}")
+    typ = {"int": "int", "bool": "bool", "float": "float", "string": "str"}.get(kind.split("_")[0])
+    return ConfigError(f"{at}={err['input']!r}: " + (f"expected {typ}" if typ else err["msg"]))
+
+
+def _validate(tp: Any, value: Any, where: str) -> Any:
+    """`value` (TOML, JSON or a `--set` string) as type `tp`, by pydantic's lax conversions
+    ("8_000" -> 8000, "on" -> True, [0.9, 0.98] -> a tuple; 3.5 is no int)."""
     try:
-        if tp is bool:
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in ("true", "1", "yes", "on"):
-                return True
-            if str(value).lower() in ("false", "0", "no", "off"):
-                return False
-            raise ValueError
-        if tp is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            if isinstance(value, bool):
-                raise ValueError
-            return int(str(value).replace("_", "")) if isinstance(value, str) else int(value)
-        if tp is float:
-            return float(value)
-        if tp is str:
-            return str(value)
-    except ValueError:
-        raise ConfigError(f"{where}={value!r}: expected {tp.__name__}") from None
-    raise ConfigError(f"{where}: unsupported field type {tp}")
+        return TypeAdapter(tp).validate_python(value)
+    except ValidationError as e:
+        raise _config_error(e, where) from None
 
 
 def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
-    """Build dataclass `cls` from a plain dict, coercing types and rejecting unknown keys."""
-    hints = typing.get_type_hints(cls)
+    """Build dataclass `cls` from a plain dict, converting types and rejecting unknown keys."""
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - names
+    unknown = set(data) - names if isinstance(data, dict) else set()
     if unknown:
         raise ConfigError(
             f"unknown key(s) {sorted(unknown)} in [{where or cls.__name__}]; known: {sorted(names)}"
         )
-    kwargs = {}
-    for name, value in data.items():
-        tp = hints[name]
-        path = f"{where}.{name}" if where else name
-        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-            kwargs[name] = from_dict(tp, value, path)
-        else:
-            kwargs[name] = _coerce(value, tp, path)
-    try:
-        return cls(**kwargs)
-    except TypeError as e:  # a required field is missing
-        raise ConfigError(f"[{where or cls.__name__}]: {e}") from None
+    return _validate(cls, data, where or cls.__name__)
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
@@ -302,7 +264,11 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
         if name not in hints:
             known = sorted(f.name for f in dataclasses.fields(sub))
             raise ConfigError(f"--set {item!r}: {section} has no field {name!r}; known: {known}")
-        value = _coerce(raw.strip(), hints[name], key)
+        value: Any = raw.strip()
+        tp = hints[name]
+        if typing.get_origin(tp) is tuple:  # "0.9,0.98" or "(0.9, 0.98)"
+            value = [v for v in value.strip("()[] ").split(",") if v.strip()]
+        value = _validate(tp, value, key)
         cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(sub, **{name: value})})
     return cfg
 

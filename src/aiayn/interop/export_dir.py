@@ -12,11 +12,10 @@ OUT is either complete or absent; an OUT that exists and is not empty is refused
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from aiayn.atomic import atomic_write_json, check_new_dir
+from aiayn.atomic import atomic_write_json, check_new_dir, read_json_object
 from aiayn.config import DecodeConfig, ModelConfig, from_dict, to_dict
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.nn.model import Transformer
@@ -77,19 +76,9 @@ def write_export_meta(
 def read_export_meta(directory: str | Path) -> dict[str, Any]:
     """Read and check `aiayn_export.json`; a missing or foreign file is a CheckpointError."""
     path = Path(directory) / EXPORT_FILE
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{directory} is not an exported model (no {EXPORT_FILE})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is corrupt: {e}") from None
-    if not isinstance(meta, dict) or meta.get("format") != EXPORT_FORMAT:
-        raise CheckpointError(f"{path} is not an aiayn export (format != {EXPORT_FORMAT!r})")
-    if meta.get("format_version") != EXPORT_FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path} has format_version {meta.get('format_version')}; "
-            f"this aiayn reads {EXPORT_FORMAT_VERSION}"
-        )
+    missing = f"{directory} is not an exported model (no {EXPORT_FILE})"
+    what = ("an aiayn export", EXPORT_FORMAT, EXPORT_FORMAT_VERSION)
+    meta = read_json_object(path, missing, fmt=what)
     if meta.get("engine") not in ENGINES:
         raise CheckpointError(f"{path}: unknown engine {meta.get('engine')!r}")
     return meta

@@ -19,7 +19,6 @@ refused (a pickle is never opened).
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from aiayn.atomic import atomic_dir, atomic_write_json, check_new_dir
+from aiayn.atomic import atomic_dir, atomic_write_json, check_new_dir, read_json_object
 from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, ModelConfig, to_dict
 from aiayn.errors import CheckpointError
 from aiayn.nn.model import Transformer, sinusoidal_positions
@@ -70,17 +69,7 @@ class Imported:
 
 
 def _read_json(path: Path, required: bool = True) -> dict[str, Any]:
-    if not path.is_file():
-        if required:
-            raise CheckpointError(f"{path.parent} has no {path.name}")
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} is not a JSON object")
-    return data
+    return read_json_object(path, f"{path.parent} has no {path.name}" if required else None)
 
 
 def read_hf_config(hf_dir: Path) -> dict[str, Any]:

@@ -5,7 +5,6 @@ new model directory. Each is written by `atomic_dir`, so a kill leaves the previ
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from aiayn.atomic import (
     atomic_write_json,
     check_new_dir,
     clear_stale,
+    read_json_object,
     remove_dir,
 )
 from aiayn.config import (
@@ -117,14 +117,8 @@ def load_checkpoint_state(ckpt: str | Path) -> tuple[dict[str, torch.Tensor], di
     """The tensors (`optim.*`, `rng.*`) and JSON state of one checkpoint, checked."""
     ckpt = Path(ckpt)
     path = ckpt / STATE_FILE
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{ckpt} has no {STATE_FILE}: not a training checkpoint") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is corrupt: {e}") from None
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise CheckpointError(f"{path} is not an aiayn training state")
+    missing = f"{ckpt} has no {STATE_FILE}: not a training checkpoint"
+    state = read_json_object(path, missing, fmt=("an aiayn training state", STATE_FORMAT, None))
     for key in ("step", "epoch", "batch_in_epoch", "optimizer"):
         if key not in state:
             raise CheckpointError(f"{path} is missing {key!r}")

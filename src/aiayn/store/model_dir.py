@@ -11,7 +11,6 @@ kill at any moment leaves the previous good file in place.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
@@ -23,6 +22,7 @@ from safetensors.torch import save as st_save
 from aiayn.atomic import (
     atomic_write_bytes,
     atomic_write_json,
+    read_json_object,
 )
 from aiayn.config import (
     ModelConfig,
@@ -88,22 +88,10 @@ def read_model_meta(directory: str | Path) -> dict[str, Any]:
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"model directory not found: {directory}")
-    path = directory / CONFIG_FILE
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(
-            f"{directory} is not an aiayn model directory (no {CONFIG_FILE})"
-        ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is corrupt: {e}") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not an aiayn model config (format != {FORMAT!r})")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path} has format_version {meta.get('format_version')}; "
-            f"this aiayn reads {FORMAT_VERSION}"
-        )
+    missing = f"{directory} is not an aiayn model directory (no {CONFIG_FILE})"
+    meta = read_json_object(
+        directory / CONFIG_FILE, missing, fmt=("an aiayn model config", FORMAT, FORMAT_VERSION)
+    )
     return meta
 
 

@@ -17,7 +17,6 @@ records. `Tokenizer.load(dir)` reads whichever kind a model directory holds.
 from __future__ import annotations
 
 import io
-import json
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
@@ -26,7 +25,7 @@ from typing import Literal
 
 import sentencepiece as spm
 
-from aiayn.atomic import atomic_write_bytes, atomic_write_json
+from aiayn.atomic import atomic_write_bytes, atomic_write_json, read_json_object
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
 from aiayn.errors import CheckpointError, DataError
 
@@ -293,10 +292,7 @@ class MarianTokenizer(Tokenizer):
         if missing:
             raise CheckpointError(f"{directory} has no {', '.join(missing)} (a Marian tokenizer)")
         path = directory / MARIAN_FILES[2]
-        try:
-            vocab = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+        vocab = read_json_object(path)
         src, tgt = ((directory / name).read_bytes() for name in MARIAN_FILES[:2])
         return cls(src, tgt, vocab)
 
