@@ -1,8 +1,8 @@
 """The import graph of src/aiayn: packages in one stack, no cycles, and the README says so.
 
-A module imports the foundations (the top-level modules: errors, atomic, config, reference) and modules of
-its own package or of a package before it in PACKAGES, never one after it. PACKAGES is also the
-README's dependency sentence, so the two cannot drift apart.
+A module imports the foundations (the top-level modules: errors, atomic, config, reference)
+and modules of its own package or of a package before it in PACKAGES, never one after it.
+PACKAGES is also the README's dependency sentence, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def imports(path: Path, *, eager_only: bool = False) -> set[str]:
     found = set()
     for node in nodes:
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "aiayn":
-            for alias in node.names:  # `from aiayn.store import checkpoint` names a module
+            for alias in node.names:  # `from aiayn.store import checkpoints` names a module
                 found.add(resolve(f"{node.module}.{alias.name}"))
         elif isinstance(node, ast.Import):
             found |= {resolve(a.name) for a in node.names if a.name.startswith("aiayn.")}
@@ -112,7 +112,7 @@ def test_every_public_name_is_importable_from_aiayn():
 
     missing = [name for name in aiayn.__all__ if not hasattr(aiayn, name)]
     assert missing == []
-    from aiayn import Tokenizer, Translator, Transformer, train  # the README's spelling
+    from aiayn import Tokenizer, Transformer, Translator, train  # the README's spelling
 
     assert Translator.__module__ == "aiayn.translate.translator" and callable(train)
     assert (

@@ -1,5 +1,5 @@
-"""The inline Jupyter views (aiayn.glassbox.notebook): self-contained HTML (no script, no network) whose
-cells hold the traced numbers, and every stage of one position's forward pass."""
+"""The inline Jupyter views (aiayn.glassbox.notebook): self-contained HTML (no script, no
+network) whose cells hold the traced numbers, and every stage of one position's forward pass."""
 
 import re
 

@@ -206,7 +206,6 @@ def read_json_object(
         if data.get("format") != name:
             raise CheckpointError(f"{path} is not {what} (format != {name!r})")
         if version is not None and data.get("format_version") != version:
-            raise CheckpointError(
-                f"{path} has format_version {data.get('format_version')}; this aiayn reads {version}"
-            )
+            found = data.get("format_version")
+            raise CheckpointError(f"{path} has format_version {found}; this aiayn reads {version}")
     return data

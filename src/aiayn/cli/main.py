@@ -1,9 +1,9 @@
 """`aiayn` command line: thin argparse subcommands over library functions.
 
-Each subcommand is a pair in one module per command group (`*_cmd.py`): `add_<name>(subparsers)`
-declares its flags and `run_<name>(args)` calls the library, importing it only when it runs, so
-that `aiayn --help` stays fast. Bad input (an `AiaynError`, a missing file) is printed as one line on
-stderr with exit status 2; anything else is a bug and keeps its traceback.
+Each subcommand is a pair in one module per command group (`*_cmd.py`): `add_<name>(sub)`
+declares its flags and `run_<name>(args)` calls the library, importing it only when it runs,
+so that `aiayn --help` stays fast. Bad input (an `AiaynError`, a missing file) is printed as
+one line on stderr with exit status 2; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The glass box: one sentence through a trained model, every intermediate named (issue 6).
 
 `explain(model, tok, "sentence")` runs `aiayn.search.decode`'s own greedy search (or sampling) under
-`aiayn.nn.attention.tracing()` and watches it through the search's `on_step` hook: the encoder
+`aiayn.nn.tracing.tracing()` and watches it through the search's `on_step` hook: the encoder
 once, then the decoder step by step with the KV cache, exactly as translation runs it. It
 returns an `Explanation`: every recorded tensor under a stable name, with row and column labels
 (tokens or dimensions), plus the top-k next tokens of every step and the token the search took.
@@ -326,7 +326,7 @@ def _differs(cfg: ModelConfig) -> list[str]:
 def greedy_translate(
     model: Transformer, tok: Tokenizer, sentence: str, max_len: int | None = None
 ) -> tuple[list[int], list[int]]:
-    """(source ids, generated ids incl. EOS when produced): `aiayn.search.decode`'s greedy search."""
+    """(source ids, generated ids incl. EOS when produced): the search's greedy run."""
     model = _check(model, tok)
     ids = source_ids(model, tok, sentence)
     cfg = _decode_config(None, max_len, beam_size=1)

@@ -243,8 +243,9 @@ class ForwardPassView:
 
 
 class BeamView:
-    """A traced beam search (`aiayn.glassbox.explain.trace_beam`): each step's live hypotheses and the
-    candidates with their log-probability, score and fate; the finished ones; the output."""
+    """A traced beam search (`aiayn.glassbox.explain.trace_beam`): each step's live
+    hypotheses and the candidates with their log-probability, score and fate; the finished
+    ones; the output."""
 
     def __init__(self, beam: BeamTrace) -> None:
         self.beam = beam

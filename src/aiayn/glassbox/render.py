@@ -1,4 +1,4 @@
-"""Print an `Explanation` (aiayn.glassbox.explain) as text tables, JSON or one self-contained HTML page.
+"""Print an `Explanation` (aiayn.glassbox.explanation) as text tables or JSON (HTML: render_html).
 
 A `View` chooses what to show, so that a 512-dimensional, 6-layer, 8-head model stays
 readable: which layers and heads, which decoding steps in full, how many model dimensions per

@@ -41,8 +41,8 @@ def _html_table(e: Entry, view: View) -> str:
     for r in range(value.size(0)):
         label = e.rows[r] if r < len(e.rows) else str(r)
         cells = "".join(
-            f'<td style="{_shade(float(v), scale, weights)}">{format_number(float(v), view.precision)}</td>'
-            for v in value[r, :shown]
+            f'<td style="{_shade(x, scale, weights)}">{format_number(x, view.precision)}</td>'
+            for x in value[r, :shown].tolist()
         )
         more = "<td>…</td>" if shown < n_cols else ""
         rows.append(f"<tr><th>{html.escape(label)}</th>{cells}{more}</tr>")

@@ -56,7 +56,8 @@ def trace_sentence(
 
     `cfg` is the model's saved search settings, with `overrides` (DecodeConfig fields)
     replaced; the traced search is greedy, or sampling when `sample` is set, and `beam` > 0
-    also traces beam search of that size. `want` and `max_numel`: see `aiayn.glassbox.explain.explain`.
+    also traces beam search of that size. `want` and `max_numel`: see
+    `aiayn.glassbox.explain.explain`.
     """
     cfg, beam_cfg = trace_settings(cfg, top_k, max_len, beam, overrides)
     trace = explain(model, tok, sentence, top_k=top_k, max_len=max_len, cfg=cfg, want=want,

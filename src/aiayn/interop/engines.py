@@ -55,7 +55,7 @@ NO_LENGTH_PENALTY = 1e-30
 
 
 class OnnxTranslator(Translator):
-    """`Translator` over ONNX Runtime: search/decode.py's searches drive an `OnnxModel` (CPU, fp32)."""
+    """`Translator` over ONNX Runtime: aiayn.search's searches drive an `OnnxModel` (CPU, fp32)."""
 
     model: OnnxModel  # type: ignore[assignment]  # the Decodable interface, not a Transformer
 

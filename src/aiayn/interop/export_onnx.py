@@ -14,7 +14,8 @@ graph also computes each layer's cross-attention keys and values once, as
 Both graphs are traced from aiayn's own modules (`Transformer.encode`, `Decoder.step` over a
 cache that concatenates instead of writing in place), so there is no second copy of the model
 math. `OnnxModel` gives the two sessions the narrow interface `aiayn.search.decode` searches over
-(`encode`, `init_cache`, `decode_step`, `cfg`), so greedy, beam and sampling are search/decode.py's own.
+(`encode`, `init_cache`, `decode_step`, `cfg`), so greedy,
+beam and sampling are aiayn.search's own.
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ client that left, or whose deadline passed, within one step).
 
 Observing a search: every search takes `on_step`, a function called once per decoding step
 with a `StepView` (what was live, what the model said, every candidate's fate). With
-`on_step=None` nothing is built. `aiayn.glassbox.explain` is made this way, so what learners are shown
-is this search and no copy of it.
+`on_step=None` nothing is built. `aiayn.glassbox.explain` is made this way, so what learners
+are shown is this search and no copy of it.
 """
 
 from __future__ import annotations

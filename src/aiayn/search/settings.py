@@ -81,7 +81,7 @@ def sample_seed(seed: int, line_no: int) -> int:
     """The generator seed of one sentence: SplitMix64 of (seed, line number), 63 bits.
 
     Each sentence samples from its own stream, so its samples depend on the seed and its line,
-    never on which sentences share its batch (`aiayn.translate.translator.Translator` passes line numbers).
+    never on which sentences share its batch (`Translator` passes line numbers).
     """
     x = (seed * 0x9E3779B97F4A7C15 + line_no) & _MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64

@@ -71,7 +71,7 @@ class TrainState:
     bad_validations: int = 0  # validations in a row without improvement (early stopping)
     tokens: int = 0  # target tokens trained on
     elapsed_s: float = 0.0
-    # lr_schedule = "cosine_budget": its fitted schedule (aiayn.training.train.BudgetPlan), so that a
+    # lr_schedule = "cosine_budget": its fitted schedule (training.schedule.BudgetPlan), so that a
     # resume follows it: the step it ends at (0 = not fitted yet), the step it was fitted at,
     # where its warmup ends (0 in checkpoints from before it was recorded), and the last re-fit
     total_steps: int = 0

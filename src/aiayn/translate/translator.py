@@ -93,7 +93,7 @@ class Translator:
         precision: Precision | None = None,
     ) -> None:
         tokenizer.check_fits(model.cfg)
-        # An exported model's engine (`aiayn.interop.engines`) is no torch module: it runs on the CPU.
+        # An exported model's engine (aiayn.interop.engines) is no torch module: it runs on the CPU.
         is_torch = isinstance(model, torch.nn.Module)
         self.model = model.eval() if is_torch else model
         self.tokenizer = tokenizer
