@@ -1,8 +1,8 @@
-"""The model directory: `config.json` + `model.safetensors` (+ tokenizer, + training state).
+"""The model directory: `config.json` + `model.safetensors` (+ tokenizer, + run_config.json).
 
-    save_model_dir / load_model_dir    a model's architecture and weights
-    save_checkpoint / restore_checkpoint   a training run's full state, resumable exactly
-    find_resume / check_resumable      the run directory: resume it, or refuse to overwrite
+    save_model_dir / load_model_dir    a model's architecture and weights, checked on load
+    aiayn.store.checkpoints            a training run's checkpoints (each a model directory too)
+    aiayn.store.run_dir                the run directory: resume it, or refuse to overwrite
 
 Nothing here uses pickle: weights are safetensors, everything else is JSON. Every file is
 written atomically (`aiayn.atomic`: temporary file in the same directory, fsync, rename), so a

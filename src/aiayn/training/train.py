@@ -1,8 +1,8 @@
-"""Training (§5): label-smoothed cross-entropy, Adam with the warmup schedule, the loop.
+"""Training (§5): a run set up (tokenizer, data, model, Adam, resume) and its loop.
 
-    loss      label_smoothed_loss: (1 - ε) NLL + ε · mean over V of -log p   (ε = 0.1, §5.4)
-    optimiser Adam(β1 = 0.9, β2 = 0.98, ε = 1e-9) (§5.3)
-    schedule  lrate = d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)   (equation 3)
+    loss      aiayn.training.loss: (1 - ε) NLL + ε · mean over V of -log p   (ε = 0.1, §5.4)
+    optimiser Adam(β1 = 0.9, β2 = 0.98, ε = 1e-9) (§5.3), built here
+    schedule  aiayn.training.schedule: lrate = d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)
 
 `train(cfg)` runs a whole resumable run into `cfg.train.out_dir` (see docs/training.md):
 a model directory (config.json, model.safetensors = the best weights, tokenizer.model,
