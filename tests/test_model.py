@@ -19,13 +19,7 @@ from aiayn.nn.attention import (
     fused_attention,
     self_attention_unparameterised,
 )
-from aiayn.nn.model import (
-    AttentionMaps,
-    DecoderLayer,
-    EncoderLayer,
-    Transformer,
-    count_parameters,
-)
+from aiayn.nn.model import AttentionMaps, DecoderLayer, EncoderLayer, Transformer, count_parameters
 from aiayn.nn.tracing import tracing
 from aiayn.nn.variants import DecoderLM, EncoderClassifier
 

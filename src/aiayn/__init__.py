@@ -10,11 +10,7 @@ from typing import Any
 
 from aiayn.config import Config, DecodeConfig, ModelConfig, TrainConfig, load_config
 from aiayn.errors import AiaynError, CheckpointError, ConfigError, DataError
-from aiayn.nn.attention import (
-    MultiHeadAttention,
-    attention,
-    self_attention_unparameterised,
-)
+from aiayn.nn.attention import MultiHeadAttention, attention, self_attention_unparameterised
 from aiayn.nn.model import AttentionMaps, KVCache, Memory, Transformer, sinusoidal_positions
 from aiayn.nn.tracing import Trace, tracing
 from aiayn.nn.variants import DecoderLM, EncoderClassifier

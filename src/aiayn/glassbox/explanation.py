@@ -16,15 +16,12 @@ paper's head_1..head_h.
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass, field
 
 from torch import Tensor
 
 from aiayn.search.settings import Hypothesis
-
-log = logging.getLogger(__name__)
 
 # One line per leaf name: what the tensor is, in the paper's terms.
 DESCRIPTIONS: dict[str, str] = {

@@ -32,11 +32,7 @@ import torch
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.interop.export_ct2 import import_ctranslate2, vocabulary
-from aiayn.interop.export_dir import (
-    export_decode_config,
-    export_model_config,
-    read_export_meta,
-)
+from aiayn.interop.export_dir import export_decode_config, export_model_config, read_export_meta
 from aiayn.interop.export_onnx import OnnxModel
 from aiayn.search.settings import (
     Hypothesis,

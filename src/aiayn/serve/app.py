@@ -40,19 +40,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from aiayn import __version__
-from aiayn.serve.guard import (
-    Accounting,
-    Guard,
-    error_response,
-)
+from aiayn.serve.guard import Accounting, Guard, error_response
 from aiayn.serve.requests import (
     ApiError,
     ErrorBody,

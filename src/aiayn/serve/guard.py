@@ -18,13 +18,7 @@ from typing import Protocol
 from urllib.parse import parse_qs
 
 from fastapi.responses import JSONResponse
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    disable_created_metrics,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from aiayn.serve.batcher import BatchStats
 from aiayn.serve.requests import ApiError

@@ -28,11 +28,7 @@ from aiayn.glassbox.report import trace_sentence, trace_settings
 from aiayn.interop.export_dir import export_engine, export_source
 from aiayn.nn.tracing import TraceTooLargeError
 from aiayn.serve.batcher import Batcher, ClosedError, ExpiredError, Job, QueueFullError
-from aiayn.serve.guard import (
-    Metrics,
-    allowed_hosts,
-    media_type,
-)
+from aiayn.serve.guard import Metrics, allowed_hosts, media_type
 from aiayn.serve.requests import (
     ApiError,
     Limits,

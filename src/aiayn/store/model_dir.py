@@ -19,16 +19,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from aiayn.atomic import (
-    atomic_write_bytes,
-    atomic_write_json,
-    read_json_object,
-)
-from aiayn.config import (
-    ModelConfig,
-    from_dict,
-    to_dict,
-)
+from aiayn.atomic import atomic_write_bytes, atomic_write_json, read_json_object
+from aiayn.config import ModelConfig, from_dict, to_dict
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.nn.model import _ModelBase
 from aiayn.nn.variants import MODEL_CLASSES

@@ -16,13 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.config import (
-    RUN_CONFIG_FILE,
-    Config,
-    TrainConfig,
-    read_run_config,
-    to_dict,
-)
+from aiayn.config import RUN_CONFIG_FILE, Config, TrainConfig, read_run_config, to_dict
 from aiayn.errors import CheckpointError, DataError
 from aiayn.runtime.distributed import Dist
 from aiayn.store.checkpoints import (

@@ -14,14 +14,9 @@ from aiayn.atomic import atomic_write_json
 from aiayn.config import RUN_CONFIG_FILE
 from aiayn.nn.model import Transformer
 from aiayn.runtime.device import choose_precision
-from aiayn.store.checkpoints import (
-    list_checkpoints,
-    write_average,
-)
+from aiayn.store.checkpoints import list_checkpoints, write_average
 from aiayn.store.model_dir import WEIGHTS_FILE, load_model_dir, save_model_dir
-from aiayn.store.run_dir import (
-    AVERAGED_DIR,
-)
+from aiayn.store.run_dir import AVERAGED_DIR
 from aiayn.training.run import Run
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,6 @@ step      train_step: forward, loss, backward (accumulated), clipping, Adam, the
 
 from __future__ import annotations
 
-import logging
 from contextlib import nullcontext
 
 import torch
@@ -17,8 +16,6 @@ from aiayn.config import TrainConfig
 from aiayn.runtime.device import Precision
 from aiayn.runtime.distributed import Dist
 from aiayn.text.batches import Batch
-
-log = logging.getLogger(__name__)
 
 
 def label_smoothed_loss(

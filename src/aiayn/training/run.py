@@ -19,16 +19,9 @@ from aiayn.config import Config
 from aiayn.nn.model import Transformer
 from aiayn.runtime.device import Precision
 from aiayn.runtime.distributed import Dist, all_sum
-from aiayn.store.checkpoints import (
-    prune_checkpoints,
-    save_checkpoint,
-)
+from aiayn.store.checkpoints import prune_checkpoints, save_checkpoint
 from aiayn.store.model_dir import save_model_dir
-from aiayn.store.run_dir import (
-    METRICS_FILE,
-    TrainState,
-    rng_tensors,
-)
+from aiayn.store.run_dir import METRICS_FILE, TrainState, rng_tensors
 from aiayn.text.data import RunData
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.schedule import BudgetPlan, average_steps
