@@ -456,3 +456,76 @@ def test_special_ids_come_from_the_model(model: Transformer) -> None:
             assert [h.eos for h in r_hyps] == [h.eos for h in g_hyps]
             for r, g in zip(r_hyps, g_hyps, strict=True):
                 assert g.score == pytest.approx(r.score, abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def eos_model() -> Transformer:
+    """A tiny model whose EOS bias makes some rows end at EOS at once and others run to their
+    limit, so rows leave a running search at different steps."""
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset(
+        "cpu_tiny", vocab_size=VOCAB, d_model=32, d_ff=64, max_len=64, logits_bias=True
+    )
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        model.generator.bias.zero_()
+        model.generator.bias[EOS_ID] = 1.7
+    return model
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 9), min_size=2, max_size=7),
+    joins=st.lists(st.integers(0, 8), min_size=7, max_size=7),
+    min_len=st.integers(0, 1),
+    seed=st.integers(0, 10_000),
+)
+def test_rows_that_join_a_running_search_get_what_they_get_alone(
+    eos_model: Transformer, lengths: list[int], joins: list[int], min_len: int, seed: int
+) -> None:
+    """Continuous batching: sentences admitted at later steps (their cache rows joining at the
+    current column) end with the hypotheses greedy search gives them in a batch of their own."""
+    from aiayn.search.rows import RowSearch
+
+    src = random_batch(lengths, seed)
+    cfg = DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=4, min_len=min_len)
+    alone = [greedy_search(eos_model, src[i : i + 1], cfg)[0] for i in range(len(lengths))]
+    run, order, got = RowSearch(eos_model, cfg), [], {}
+    pending = sorted(range(len(lengths)), key=lambda i: joins[i])
+    with torch.inference_mode():
+        step = 0
+        while pending or run.live:
+            now = [i for i in pending if joins[i] <= step]
+            if not now and not run.live:  # an idle search takes the next arrival at once
+                now = pending[:1]
+            if now:
+                pending = [i for i in pending if i not in now]
+                run.add(src[now])
+                order += now
+            for row, hyp in run.step():
+                got[order[row]] = hyp
+            step += 1
+    assert sorted(got) == list(range(len(lengths)))
+    for i, want in enumerate(alone):
+        assert (got[i].tokens, got[i].eos) == (want.tokens, want.eos)
+        assert got[i].log_prob == pytest.approx(want.log_prob, abs=1e-4)
+        assert got[i].score == pytest.approx(want.score, abs=1e-4)
+
+
+def test_a_joined_cache_grows_and_drops_the_columns_no_row_sees(eos_model: Transformer) -> None:
+    from aiayn.search.rows import RowSearch
+
+    cfg = DecodeConfig(beam_size=1, max_len_a=0.0, max_len_b=6, min_len=6)
+    run = RowSearch(eos_model, cfg)
+    with torch.inference_mode():
+        run.add(random_batch([3], 1))
+        for _ in range(3):
+            run.step()
+        run.cfg = dataclasses.replace(cfg, max_len_b=20)  # a longer limit than the cache has
+        run.add(random_batch([4], 2))
+        assert run.cache.start_B.tolist() == [0, 3] and run.cache.length == 3
+        assert run.cache.self_k[0].size(2) >= 3 + 20  # grown for the newcomer
+        finished = [run.step() for _ in range(3)]
+        assert [row for f in finished for row, _ in f] == [0]  # the first row's limit: 6
+        run.add(random_batch([2], 3))  # no row sees columns 0..2 any more: they are dropped
+        assert run.cache.start_B.tolist() == [0, 3] and run.cache.length == 3

@@ -134,7 +134,7 @@ def outputs(translator: Translator, beam: int) -> list[list[tuple[str, float]]]:
     return [[(t.text, t.hyp.score) for t in hyps] for hyps in found]
 
 
-# CTranslate2 forbids PAD and BOS before its softmax, aiayn after (decode.py's _forbid), so its
+# CTranslate2 forbids PAD and BOS before its softmax, aiayn after (aiayn.search.step.forbid), so its
 # log-probabilities are renormalised over the other tokens: larger by -log(1 - P(PAD) - P(BOS))
 # per step, a few 1e-4 for these models (docs/export.md). The same lines, nearly the same scores.
 # Its n-best lists can differ below the best: when more than N hypotheses of a sentence end in

@@ -68,7 +68,7 @@ class Ct2Model:
         self.vocab = vocab
         self.index = {piece: i for i, piece in enumerate(vocab)}
         self.eos = vocab[cfg.eos_id]
-        # aiayn never emits PAD or BOS (search/decode.py's _forbid); CTranslate2 must not either.
+        # aiayn never emits PAD or BOS (aiayn.search.step.forbid); CTranslate2 must not either.
         self.suppress = [[vocab[cfg.pad_id]], [vocab[cfg.bos_id]]]
 
     def search(

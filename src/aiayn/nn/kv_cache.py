@@ -3,6 +3,12 @@
 `Transformer.encode` makes a Memory once per batch; `Transformer.init_cache` fills a KVCache
 with the cross-attention keys and values of that memory; every `decode_step` appends one
 position of self-attention keys and values. Beam search reorders both with `index_select`.
+
+Continuous batching (a server's search that sentences join while it runs) adds rows with
+`join`: every row writes its next position at the same column (`length`), so a row that joins
+at column c has `start_B` = c, sees only columns >= c, and its position in the sentence is
+column - c (left padding, as in batched generation). `make_room` drops the columns no live row
+needs any more and grows the buffers when a joining row needs more.
 """
 
 from __future__ import annotations
@@ -27,6 +33,22 @@ class Memory:
     def index_select(self, idx_B: Tensor) -> Memory:
         return Memory(self.out_BSD.index_select(0, idx_B), self.keep_BS.index_select(0, idx_B))
 
+    def join(self, other: Memory) -> Memory:
+        """These rows, then `other`'s, padded to the longer source (padding is not kept)."""
+        S = max(self.keep_BS.size(1), other.keep_BS.size(1))
+        outs = [_pad_dim(m.out_BSD, 1, S) for m in (self, other)]
+        keeps = [_pad_dim(m.keep_BS, 1, S) for m in (self, other)]
+        return Memory(torch.cat(outs), torch.cat(keeps))
+
+
+def _pad_dim(x: Tensor, dim: int, size: int) -> Tensor:
+    """`x` with zeros (False) appended along `dim` up to `size`."""
+    if x.size(dim) == size:
+        return x
+    shape = list(x.shape)
+    shape[dim] = size - x.size(dim)
+    return torch.cat([x, x.new_zeros(shape)], dim)
+
 
 @dataclass
 class KVCache:
@@ -44,6 +66,60 @@ class KVCache:
     length: int = 0
     spare_k: list[Tensor] | None = None  # same shapes as self_k: the target of a reorder
     spare_v: list[Tensor] | None = None
+    start_B: Tensor | None = None  # each row's first column (None: 0 for every row)
+
+    def self_keep_B11C(self, end: int) -> Tensor | None:
+        """Which of the first `end` columns each row may attend to (None: all of them)."""
+        if self.start_B is None:
+            return None
+        cols_C = torch.arange(end, device=self.start_B.device)
+        return (cols_C[None, :] >= self.start_B[:, None])[:, None, None, :]
+
+    def join(self, other: KVCache) -> KVCache:
+        """These rows, then `other`'s (a fresh cache of the same capacity, `length` 0): the
+        new rows start at this cache's column `length`. Cross K/V are padded to the longer
+        source; what a row does not see is zero, so masked products stay finite."""
+        B, b = self.self_k[0].size(0), other.self_k[0].size(0)
+        if other.length != 0 or other.self_k[0].size(2) != self.self_k[0].size(2):
+            raise ValueError("join a fresh cache of the same capacity")
+        S = max(self.cross_k[0].size(2), other.cross_k[0].size(2))
+        for buf in other.self_k + other.self_v:
+            buf.zero_()
+        device = self.self_k[0].device
+        start = (
+            self.start_B
+            if self.start_B is not None
+            else torch.zeros(B, dtype=torch.long, device=device)
+        )
+        new = torch.full((b,), self.length, dtype=torch.long, device=device)
+        return KVCache(
+            [torch.cat(p) for p in zip(self.self_k, other.self_k, strict=True)],
+            [torch.cat(p) for p in zip(self.self_v, other.self_v, strict=True)],
+            [torch.cat([_pad_dim(a, 2, S), _pad_dim(o, 2, S)])
+             for a, o in zip(self.cross_k, other.cross_k, strict=True)],
+            [torch.cat([_pad_dim(a, 2, S), _pad_dim(o, 2, S)])
+             for a, o in zip(self.cross_v, other.cross_v, strict=True)],
+            self.length,
+            start_B=torch.cat([start, new]),
+        )  # fmt: skip
+
+    def make_room(self, positions: int) -> KVCache:
+        """A cache with room for `positions` more columns: the leading columns that no row
+        sees are dropped first, then the buffers grow if that is not enough."""
+        drop = int(self.start_B.min()) if self.start_B is not None and len(self.start_B) else 0
+        capacity, need = self.self_k[0].size(2), self.length - drop + positions
+        if drop == 0 and need <= capacity:
+            return self
+        size = max(capacity, need)
+        moved = []
+        for buf in self.self_k + self.self_v:
+            new = buf.new_zeros(buf.size(0), buf.size(1), size, buf.size(3))
+            new[:, :, : self.length - drop] = buf[:, :, drop : self.length]
+            moved.append(new)
+        n = len(self.self_k)
+        start = None if self.start_B is None else self.start_B - drop
+        return KVCache(moved[:n], moved[n:], self.cross_k, self.cross_v, self.length - drop,
+                       start_B=start)  # fmt: skip
 
     def append_self(self, layer: int, k_BHTK: Tensor, v_BHTK: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new positions' K/V; return views of everything so far (B, H, length+T, K)."""
@@ -90,4 +166,5 @@ class KVCache:
             self.length,
             spare_k,
             spare_v,
+            None if self.start_B is None else self.start_B.index_select(0, idx_B),
         )

@@ -102,9 +102,22 @@ class Embeddings(nn.Module):
             return self.learned.weight[start : start + length]
         return self.pe[start : start + length]
 
-    def forward(self, ids_BT: Tensor, start: int = 0) -> Tensor:
+    def at(self, pos_BT: Tensor) -> Tensor:
+        """The encodings of a position per row (rows that joined a running search late)."""
+        if int(pos_BT.max()) >= self.max_len:
+            n = int(pos_BT.max()) + 1
+            raise ValueError(f"sequence of {n} positions is longer than max_len={self.max_len}")
+        table = self.learned.weight if self.learned is not None else self.pe
+        return table[pos_BT]
+
+    def forward(self, ids_BT: Tensor, start: int | Tensor = 0) -> Tensor:
+        """`start`: the first position, for every row (an int) or per row (a (B,) tensor)."""
         tok_BTD = self.tokens(ids_BT) * self.scale
-        pos_TD = self.positions(start, ids_BT.size(1))
+        T = ids_BT.size(1)
+        if isinstance(start, Tensor):
+            pos_TD = self.at(start[:, None] + torch.arange(T, device=start.device))
+        else:
+            pos_TD = self.positions(start, T)
         sum_BTD = tok_BTD + pos_TD
         if is_tracing():
             tap(f"{self.trace_name}.tokens", tok_BTD)
@@ -192,7 +205,8 @@ class DecoderLayer(_ResidualLayer):
         def self_attn(h_BTD: Tensor) -> Tensor:
             q_BHTK, k_BHTK, v_BHTK = self.self_attn.project_qkv(h_BTD)
             k_BHCK, v_BHCK = cache.append_self(layer, k_BHTK, v_BHTK)  # C: cached positions
-            return self.self_attn.attend(q_BHTK, k_BHCK, v_BHCK, None, causal=True)
+            keep_B11C = cache.self_keep_B11C(k_BHCK.size(2))  # rows that joined late
+            return self.self_attn.attend(q_BHTK, k_BHCK, v_BHCK, keep_B11C, causal=True)
 
         def cross_attn(h_BTD: Tensor) -> Tensor:
             q_BHTK = self.cross_attn.project_q(h_BTD)
@@ -414,7 +428,10 @@ class Transformer(_ModelBase):
         Returns (logits_BV for the last fed position, the cache extended by T positions).
         """
         start = cache.length
-        y_BTD = self.tgt_embed(tokens_BT, start=start)
+        if cache.start_B is not None and tokens_BT.size(1) != 1:
+            raise ValueError("a cache that rows joined late takes one token per step")
+        pos = start if cache.start_B is None else start - cache.start_B  # each row's position
+        y_BTD = self.tgt_embed(tokens_BT, start=pos)
         y_BTD = self.decoder.step(y_BTD, cache, memory.keep_B11S)
         cache.length = start + tokens_BT.size(1)
         logits_BV = self.generator(y_BTD[:, -1])

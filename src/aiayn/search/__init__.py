@@ -1,4 +1,5 @@
 """The one search (§6.1): greedy, batched beam search and sampling over a narrow model
-interface (`decode`), the pure functions of its settings (`settings`), and what an observer
-sees of every step (`views`): the glass box watches this search, never a copy.
+interface (`decode`; `step` holds what every step shares, `rows` the one-hypothesis-per-row
+search that rows may join while it runs), the pure functions of its settings (`settings`), and
+what an observer sees of every step (`views`): the glass box watches this search, never a copy.
 """

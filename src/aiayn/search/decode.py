@@ -36,115 +36,31 @@ are shown is this search and no copy of it.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
-from contextvars import ContextVar
-from typing import Protocol
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from aiayn.config import DecodeConfig, ModelConfig
-from aiayn.errors import AiaynError
-from aiayn.nn.kv_cache import KVCache, Memory
+from aiayn.config import DecodeConfig
+from aiayn.search.rows import Pick, RowSearch, pick_best
 from aiayn.search.settings import (
     Hypothesis,
     check_decode_config,
     inverse_cdf_sample,
     length_penalty,
-    max_output_lengths,
-    output_cap,
     sample_seed,
     top_k_filter,
     top_p_filter,
 )
+from aiayn.search.step import Decodable, check_stop, forbid, inference, output_limits
 from aiayn.search.views import (
     BeamState,
     OnStep,
-    SingleRows,
     TopK,
     beam_view,
     ending_candidates,
-    single_view,
 )
-
-
-class Decodable(Protocol):
-    """The narrow interface search code uses (a `Transformer`, or a scripted fake in tests)."""
-
-    cfg: ModelConfig  # max_len bounds the output; pad_id, bos_id, eos_id are the special ids
-
-    def encode(self, src_BS: Tensor) -> Memory: ...
-
-    def init_cache(self, memory: Memory, capacity: int) -> KVCache: ...
-
-    def decode_step(
-        self, tokens_BT: Tensor, memory: Memory, cache: KVCache
-    ) -> tuple[Tensor, KVCache]: ...
-
-
-@contextlib.contextmanager
-def _inference(model: object) -> Iterator[None]:
-    """Eval mode (no dropout) and no autograd for the duration; restores training mode."""
-    was_training = bool(getattr(model, "training", False))
-    if was_training:
-        model.eval()  # type: ignore[attr-defined]
-    try:
-        with torch.inference_mode():
-            yield
-    finally:
-        if was_training:
-            model.train()  # type: ignore[attr-defined]
-
-
-def _limits(model: Decodable, memory: Memory, cfg: DecodeConfig) -> Tensor:
-    src_len_B, cap = memory.keep_BS.sum(1), output_cap(cfg, model.cfg.max_len)
-    return max_output_lengths(src_len_B, cfg.max_len_a, cfg.max_len_b, cap)
-
-
-class SearchStoppedError(AiaynError):
-    """A search's `stop_when` condition became true: its results are abandoned."""
-
-
-_STOP: ContextVar[Callable[[], bool] | None] = ContextVar("aiayn_stop", default=None)
-
-
-@contextlib.contextmanager
-def stop_when(condition: Callable[[], bool]) -> Iterator[None]:
-    """Every search in the block asks `condition()` once per step and stops when it is true."""
-    token = _STOP.set(condition)
-    try:
-        yield
-    finally:
-        _STOP.reset(token)
-
-
-def _check_stop(t: int) -> None:
-    condition = _STOP.get()
-    if condition is not None and condition():
-        raise SearchStoppedError(f"search stopped at step {t}")
-
-
-def _forbid(scores_RV: Tensor, model_cfg: ModelConfig, no_eos: bool) -> None:
-    """Never emit PAD or BOS; no EOS before the minimum length. In place, after normalising."""
-    scores_RV[:, model_cfg.pad_id] = float("-inf")
-    scores_RV[:, model_cfg.bos_id] = float("-inf")
-    if no_eos:
-        scores_RV[:, model_cfg.eos_id] = float("-inf")
-
-
-# (log-probabilities (R, V), original row of each live row (R,), step t)
-#   -> (next token ids (R,), their log-probabilities (R,))
-Pick = Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]
-
-
-def _pick_best(lp_rV: Tensor, rows_r: Tensor, t: int) -> tuple[Tensor, Tensor]:
-    """Greedy: the most probable token. `max` gives the value with its index in one pass over
-    V (argmax, then gathering the value, costs a second op; both keep the first of equal maxima).
-    """
-    lp_r, next_r = lp_rV.max(-1)
-    return next_r, lp_r
 
 
 def _search_single(
@@ -158,68 +74,14 @@ def _search_single(
     kind: str = "greedy",
     per_sent: int = 1,
 ) -> list[Hypothesis]:
-    """Extend one hypothesis per row until EOS or its length limit.
-
-    Finished rows leave the batch at once (their memory and cache rows are dropped), so late
-    steps only pay for sentences still being written. Rows r * per_sent .. are one sentence's.
-    """
-    R, device, special = src_BS.size(0), src_BS.device, model.cfg
-    if R == 0:
-        return []
-    memory = model.encode(src_BS)
-    max_len_R = _limits(model, memory, cfg)
-    T = int(max_len_R.max())
-    cache = model.init_cache(memory, T) if use_cache else None
-    out_RT = src_BS.new_full((R, T), special.pad_id)
-    log_prob_R = torch.zeros(R, dtype=torch.float64, device=device)
-    length_R = torch.zeros(R, dtype=torch.long, device=device)
-    eos_R = torch.zeros(R, dtype=torch.bool, device=device)
-    rows_r = torch.arange(R, device=device)  # original row of each live row
-    tok_r1 = src_BS.new_full((R, 1), special.bos_id)
-    for t in range(T):
-        _check_stop(t)
-        if cache is not None:
-            logits_rV, cache = model.decode_step(tok_r1, memory, cache)
-        else:  # recompute the whole prefix (the benchmark's and tests' reference)
-            bos_r1 = src_BS.new_full((len(rows_r), 1), special.bos_id)
-            prefix_rt = torch.cat([bos_r1, out_RT[rows_r, :t]], 1)
-            fresh = model.init_cache(memory, t + 1)
-            logits_rV, _ = model.decode_step(prefix_rt, memory, fresh)
-        lp_rV = logits_rV.float().log_softmax(-1)  # one fused pass (cheaper than logsumexp)
-        _forbid(lp_rV, special, t < cfg.min_len)
-        next_r, lp_r = pick(lp_rV, rows_r, t)
-        is_eos_r = next_r == special.eos_id
-        done_r = is_eos_r | (t + 1 >= max_len_R[rows_r])
-        if on_step is not None:
-            before = SingleRows(rows_r, out_RT[rows_r, :t], log_prob_R[rows_r], per_sent)
-            picked = (next_r, lp_r, is_eos_r, done_r)
-            on_step(single_view(kind, t, cfg.alpha, before, logits_rV, lp_rV, picked))
-        log_prob_R[rows_r] += lp_r.double()
-        out_RT[rows_r, t] = next_r
-        if bool(done_r.any()):
-            done_rows = rows_r[done_r]
-            eos_R[rows_r[is_eos_r]] = True
-            length_R[done_rows] = t + 1 - is_eos_r[done_r].long()
-            keep_r = (~done_r).nonzero()[:, 0]
-            if len(keep_r) == 0:
-                break
-            rows_r, next_r = rows_r[keep_r], next_r[keep_r]
-            memory = memory.index_select(keep_r)
-            if cache is not None:
-                cache = cache.index_select(keep_r, cross=True)
-        tok_r1 = next_r[:, None]
-    return _collect(out_RT, length_R, eos_R, log_prob_R, cfg.alpha)
-
-
-def _collect(
-    out_RT: Tensor, length_R: Tensor, eos_R: Tensor, log_prob_R: Tensor, alpha: float
-) -> list[Hypothesis]:
-    hyps = []
-    for row, n, eos, lp in zip(
-        out_RT.tolist(), length_R.tolist(), eos_R.tolist(), log_prob_R.tolist(), strict=True
-    ):
-        hyps.append(Hypothesis(row[:n], lp, lp / length_penalty(n + eos, alpha), eos))
-    return hyps
+    """Extend one hypothesis per row until EOS or its length limit (`RowSearch`, run whole)."""
+    run = RowSearch(model, cfg, pick, use_cache=use_cache, on_step=on_step, kind=kind,
+                    per_sent=per_sent)  # fmt: skip
+    run.add(src_BS)
+    found: dict[int, Hypothesis] = {}
+    while run.live:
+        found.update(run.step())
+    return [found[r] for r in range(src_BS.size(0))]
 
 
 def greedy_search(
@@ -238,8 +100,8 @@ def greedy_search(
     """
     cfg = cfg or DecodeConfig()
     check_decode_config(cfg)
-    with _inference(model):
-        return _search_single(model, src_BS, cfg, _pick_best, use_cache=use_cache, on_step=on_step)
+    with inference(model):
+        return _search_single(model, src_BS, cfg, pick_best, use_cache=use_cache, on_step=on_step)
 
 
 def greedy_decode(
@@ -286,15 +148,15 @@ def sample_search(
     # A tiny temperature must not overflow into NaN: shifted so each row's best is 0, the
     # scaled scores are 0 for the best and -inf at worst (dividing by at least the type's
     # smallest normal number: a float64 temperature can be 0 in float32).
-    def pick(lp_rV: Tensor, rows_r: Tensor, t: int) -> tuple[Tensor, Tensor]:
+    def pick(lp_rV: Tensor, rows_r: Tensor, t_r: Tensor) -> tuple[Tensor, Tensor]:
         temperature = max(cfg.temperature, torch.finfo(lp_rV.dtype).tiny)
         scaled_rV = (lp_rV - lp_rV.max(-1, keepdim=True).values) / temperature
         logits_rV = top_p_filter(top_k_filter(scaled_rV, cfg.top_k), cfg.top_p)
-        next_r = inverse_cdf_sample(logits_rV.softmax(-1), u_RT[rows_r, t])
+        next_r = inverse_cdf_sample(logits_rV.softmax(-1), u_RT[rows_r, t_r])
         return next_r, lp_rV.gather(1, next_r[:, None])[:, 0]
 
     rows = torch.arange(B, device=device).repeat_interleave(n)
-    with _inference(model):
+    with inference(model):
         flat = _search_single(
             model, src_BS.index_select(0, rows), cfg, pick, on_step=on_step, kind="sample",
             per_sent=n,
@@ -327,7 +189,7 @@ def beam_search(
     `on_step` is called with a `StepView` after every step (module docstring).
     """
     check_decode_config(cfg)
-    with _inference(model):
+    with inference(model):
         return _beam_search(model, src_BS, cfg, on_step)
 
 
@@ -338,7 +200,7 @@ def _beam_search(
     if B == 0:
         return []
     memory = model.encode(src_BS)
-    max_len_b = _limits(model, memory, cfg)
+    max_len_b = output_limits(model, memory, cfg)
     T = int(max_len_b.max())
     # The first step feeds only BOS, the same for every beam: it runs on one row per sentence,
     # and its N best tokens then fan out into N beams (cross-attention K/V copied, not redone).
@@ -349,11 +211,11 @@ def _beam_search(
     sents = list(range(B))  # original index of each live sentence
     ended: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(T):
-        _check_stop(t)
+        check_stop(t)
         b, n = scores_bn.shape
         logits_rV, cache = model.decode_step(tokens_rT[:, t : t + 1], memory, cache)
         lp_rV = logits_rV.float().log_softmax(-1)
-        _forbid(lp_rV, special, t < cfg.min_len)
+        forbid(lp_rV, special, t < cfg.min_len)
         V = lp_rV.size(-1)
         cand_bnV = scores_bn[:, :, None] + lp_rV.view(b, n, V)
         top_bC, idx_bC = cand_bnV.view(b, n * V).topk(min(2 * N, n * V), dim=-1)  # C = 2N

@@ -41,8 +41,8 @@ from typing import Any
 import torch
 
 from aiayn.config import DecodeConfig
-from aiayn.search.decode import SearchStoppedError, stop_when
 from aiayn.search.settings import max_output_lengths, output_cap
+from aiayn.search.step import SearchStoppedError, stop_when
 from aiayn.text.batches import cut_batches
 from aiayn.translate.translator import Translation, Translator
 

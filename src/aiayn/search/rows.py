@@ -1,0 +1,177 @@
+"""The one-hypothesis-per-row search (greedy, sampling) as a steppable object, `RowSearch`:
+rows may join while it runs, which is what a server's continuous batching needs
+(aiayn.serve.batcher); aiayn.search.decode runs it whole for `greedy_search` and
+`sample_search`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from aiayn.config import DecodeConfig
+from aiayn.search.settings import (
+    Hypothesis,
+    check_decode_config,
+    length_penalty,
+)
+from aiayn.search.step import Decodable, check_stop, forbid, output_limits
+from aiayn.search.views import (
+    OnStep,
+    SingleRows,
+    single_view,
+)
+
+# (log-probabilities (R, V), id of each live row (R,), each row's step (R,))
+#   -> (next token ids (R,), their log-probabilities (R,))
+Pick = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+
+
+def pick_best(lp_rV: Tensor, rows_r: Tensor, t_r: Tensor) -> tuple[Tensor, Tensor]:
+    """Greedy: the most probable token. `max` gives the value with its index in one pass over
+    V (argmax, then gathering the value, costs a second op; both keep the first of equal maxima).
+    """
+    lp_r, next_r = lp_rV.max(-1)
+    return next_r, lp_r
+
+
+class RowSearch:
+    """One hypothesis per row (greedy, sampling), a step at a time; rows may join between steps.
+
+    `add(src_BS)` encodes sentences and gives them row ids (0, 1, ... in order of arrival);
+    `step()` extends every live row by one token and returns the rows that finished, with their
+    hypotheses. Finished rows leave the batch at once (their memory and cache rows are dropped),
+    so late steps only pay for sentences still being written; `drop(ids)` removes rows nobody
+    waits for. Rows added while others run (continuous batching: a server admits new sentences
+    at every step) join the cache at its current column (`KVCache.join`): each row keeps its
+    own step, position and limits, and gets the hypothesis it gets alone, up to rounding.
+    Observing (`on_step`) and `use_cache=False` need every row at the same step: no joins.
+    Rows r * per_sent .. (r + 1) * per_sent - 1 are one sentence's (for the observer).
+    """
+
+    def __init__(
+        self,
+        model: Decodable,
+        cfg: DecodeConfig,
+        pick: Pick = pick_best,
+        *,
+        use_cache: bool = True,
+        on_step: OnStep | None = None,
+        kind: str = "greedy",
+        per_sent: int = 1,
+    ) -> None:
+        check_decode_config(cfg)
+        self.model, self.cfg, self.pick = model, cfg, pick
+        self.use_cache, self.on_step, self.kind, self.per_sent = use_cache, on_step, kind, per_sent
+        self.steps = 0  # steps taken by this search (rows that joined late have taken fewer)
+        self.next_id = 0
+        self.live = 0
+
+    def add(self, src_BS: Tensor) -> list[int]:
+        """Encode `src_BS` (right-padded ids) and let its rows take part from the next step."""
+        special, device, b = self.model.cfg, src_BS.device, src_BS.size(0)
+        if b == 0:
+            return []
+        memory = self.model.encode(src_BS)
+        limit_b = output_limits(self.model, memory, self.cfg)
+        ids = torch.arange(self.next_id, self.next_id + b, device=device)
+        self.next_id += b
+        state = {
+            "ids_r": ids,
+            "limit_r": limit_b,
+            "t_r": torch.zeros(b, dtype=torch.long, device=device),
+            "log_prob_r": torch.zeros(b, dtype=torch.float64, device=device),
+            "tok_r1": src_BS.new_full((b, 1), special.bos_id),
+        }
+        T = int(limit_b.max())
+        if self.live == 0:  # a fresh batch: the paper's search, every row at step 0
+            self.memory = memory
+            self.cache = self.model.init_cache(memory, T) if self.use_cache else None
+            self.out_rT = src_BS.new_full((b, T), special.pad_id)
+            self.__dict__.update(state)
+        else:
+            if self.on_step is not None or self.cache is None:
+                raise ValueError("rows can join a running search only with the cache, unobserved")
+            self.cache = self.cache.make_room(T)
+            fresh = self.model.init_cache(memory, self.cache.self_k[0].size(2))
+            self.cache = self.cache.join(fresh)
+            self.memory = self.memory.join(memory)
+            width = max(self.out_rT.size(1), T)
+            self.out_rT = torch.cat([
+                _pad_cols(self.out_rT, width, special.pad_id),
+                src_BS.new_full((b, width), special.pad_id),
+            ])  # fmt: skip
+            for name, value in state.items():
+                setattr(self, name, torch.cat([getattr(self, name), value]))
+        self.live += b
+        return ids.tolist()
+
+    ids_r: Tensor  # each live row's id
+    limit_r: Tensor  # its output-length limit
+    t_r: Tensor  # its step: tokens it has so far
+    log_prob_r: Tensor  # float64
+    tok_r1: Tensor  # its last token (BOS before its first step)
+    out_rT: Tensor  # its tokens (PAD beyond t_r)
+
+    def step(self) -> list[tuple[int, Hypothesis]]:
+        """One token for every live row; the (id, hypothesis) of each row that finished."""
+        model, cfg, special = self.model, self.cfg, self.model.cfg
+        t = self.steps
+        check_stop(t)
+        if self.cache is not None:
+            logits_rV, self.cache = model.decode_step(self.tok_r1, self.memory, self.cache)
+        else:  # recompute the whole prefix (the benchmark's and tests' reference)
+            bos_r1 = self.tok_r1.new_full((self.live, 1), special.bos_id)
+            prefix_rt = torch.cat([bos_r1, self.out_rT[:, :t]], 1)
+            fresh = model.init_cache(self.memory, t + 1)
+            logits_rV, _ = model.decode_step(prefix_rt, self.memory, fresh)
+        lp_rV = logits_rV.float().log_softmax(-1)  # one fused pass (cheaper than logsumexp)
+        forbid(lp_rV, special, self.t_r < cfg.min_len)
+        next_r, lp_r = self.pick(lp_rV, self.ids_r, self.t_r)
+        is_eos_r = next_r == special.eos_id
+        done_r = is_eos_r | (self.t_r + 1 >= self.limit_r)
+        if self.on_step is not None:
+            before = SingleRows(self.ids_r, self.out_rT[:, :t], self.log_prob_r, self.per_sent)
+            picked = (next_r, lp_r, is_eos_r, done_r)
+            self.on_step(single_view(self.kind, t, cfg.alpha, before, logits_rV, lp_rV, picked))
+        self.log_prob_r += lp_r.double()
+        self.out_rT.scatter_(1, self.t_r[:, None], next_r[:, None])
+        self.t_r = self.t_r + 1
+        self.steps += 1
+        self.tok_r1 = next_r[:, None]
+        finished = []
+        if bool(done_r.any()):
+            for r in done_r.nonzero()[:, 0].tolist():
+                n, eos = int(self.t_r[r]) - bool(is_eos_r[r]), bool(is_eos_r[r])
+                lp = float(self.log_prob_r[r])
+                hyp = Hypothesis(self.out_rT[r, :n].tolist(), lp, lp / length_penalty(n + eos,
+                                 cfg.alpha), eos)  # fmt: skip
+                finished.append((int(self.ids_r[r]), hyp))
+            self._keep((~done_r).nonzero()[:, 0])
+        return finished
+
+    def drop(self, ids: set[int]) -> None:
+        """Rows whose result nobody waits for any more leave the batch."""
+        if self.live and ids:
+            gone_r = torch.tensor([i in ids for i in self.ids_r.tolist()], dtype=torch.bool)
+            if bool(gone_r.any()):
+                self._keep((~gone_r).nonzero()[:, 0].to(self.ids_r.device))
+
+    def _keep(self, keep_r: Tensor) -> None:
+        self.live = len(keep_r)
+        if self.live == 0:  # the next `add` starts afresh
+            self.memory = self.cache = None  # type: ignore[assignment]
+            return
+        for name in ("ids_r", "limit_r", "t_r", "log_prob_r", "tok_r1", "out_rT"):
+            setattr(self, name, getattr(self, name)[keep_r])
+        self.memory = self.memory.index_select(keep_r)
+        if self.cache is not None:
+            self.cache = self.cache.index_select(keep_r, cross=True)
+
+
+def _pad_cols(x_RT: Tensor, width: int, value: int) -> Tensor:
+    if x_RT.size(1) >= width:
+        return x_RT
+    return torch.cat([x_RT, x_RT.new_full((x_RT.size(0), width - x_RT.size(1)), value)], 1)

@@ -1,0 +1,89 @@
+"""What every search does at every step, one owner each: the narrow model interface it runs
+over (`Decodable`), inference mode, per-sentence output limits, stopping from outside
+(`stop_when`) and the tokens it never emits (`forbid`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from aiayn.config import DecodeConfig, ModelConfig
+from aiayn.errors import AiaynError
+from aiayn.nn.kv_cache import KVCache, Memory
+from aiayn.search.settings import (
+    max_output_lengths,
+    output_cap,
+)
+
+
+class Decodable(Protocol):
+    """The narrow interface search code uses (a `Transformer`, or a scripted fake in tests)."""
+
+    cfg: ModelConfig  # max_len bounds the output; pad_id, bos_id, eos_id are the special ids
+
+    def encode(self, src_BS: Tensor) -> Memory: ...
+
+    def init_cache(self, memory: Memory, capacity: int) -> KVCache: ...
+
+    def decode_step(
+        self, tokens_BT: Tensor, memory: Memory, cache: KVCache
+    ) -> tuple[Tensor, KVCache]: ...
+
+
+@contextlib.contextmanager
+def inference(model: object) -> Iterator[None]:
+    """Eval mode (no dropout) and no autograd for the duration; restores training mode."""
+    was_training = bool(getattr(model, "training", False))
+    if was_training:
+        model.eval()  # type: ignore[attr-defined]
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        if was_training:
+            model.train()  # type: ignore[attr-defined]
+
+
+def output_limits(model: Decodable, memory: Memory, cfg: DecodeConfig) -> Tensor:
+    src_len_B, cap = memory.keep_BS.sum(1), output_cap(cfg, model.cfg.max_len)
+    return max_output_lengths(src_len_B, cfg.max_len_a, cfg.max_len_b, cap)
+
+
+class SearchStoppedError(AiaynError):
+    """A search's `stop_when` condition became true: its results are abandoned."""
+
+
+_STOP: ContextVar[Callable[[], bool] | None] = ContextVar("aiayn_stop", default=None)
+
+
+@contextlib.contextmanager
+def stop_when(condition: Callable[[], bool]) -> Iterator[None]:
+    """Every search in the block asks `condition()` once per step and stops when it is true."""
+    token = _STOP.set(condition)
+    try:
+        yield
+    finally:
+        _STOP.reset(token)
+
+
+def check_stop(t: int) -> None:
+    condition = _STOP.get()
+    if condition is not None and condition():
+        raise SearchStoppedError(f"search stopped at step {t}")
+
+
+def forbid(scores_RV: Tensor, model_cfg: ModelConfig, no_eos: bool | Tensor) -> None:
+    """Never emit PAD or BOS; no EOS before the minimum length (`no_eos`: for every row, or
+    per row). In place, after normalising."""
+    scores_RV[:, model_cfg.pad_id] = float("-inf")
+    scores_RV[:, model_cfg.bos_id] = float("-inf")
+    if isinstance(no_eos, Tensor):
+        scores_RV[no_eos, model_cfg.eos_id] = float("-inf")
+    elif no_eos:
+        scores_RV[:, model_cfg.eos_id] = float("-inf")
