@@ -21,7 +21,8 @@ from serving import ServerProcess
 
 from aiayn.cli.main import main
 from aiayn.errors import CheckpointError
-from aiayn.serve.batcher import Batcher, ExpiredError, Job
+from aiayn.serve.batcher import Batcher
+from aiayn.serve.jobs import ExpiredError, Job
 from aiayn.translate.translator import Translator
 
 SENTENCES = ["forty-two", "seven hundred and one", "three thousand and nine", "eleven",
@@ -302,9 +303,10 @@ def test_concurrent_requests_each_get_their_own_answer(server, translator, one_t
 # --- the model worker on its own: dropped jobs are not decoded ------------------------------------
 
 
-def test_batcher_merges_equal_settings_and_drops_gone_or_late_jobs(translator):
+@pytest.mark.parametrize("continuous", [False, True])
+def test_batcher_merges_equal_settings_and_drops_gone_or_late_jobs(translator, continuous):
     batches = []
-    b = Batcher(translator, window_s=0.3, on_batch=batches.append)
+    b = Batcher(translator, window_s=0.3, on_batch=batches.append, continuous=continuous)
     try:
         cfg = translator.cfg
         a = b.translate(["two"], cfg, timeout_s=30)
@@ -320,8 +322,11 @@ def test_batcher_merges_equal_settings_and_drops_gone_or_late_jobs(translator):
         assert gone.future.cancelled()
         with pytest.raises(ExpiredError):
             late.future.result(60)
-        # a and c shared one batch; the sampled job ran alone; the dropped ones never ran
-        assert [(s.requests, s.sentences) for s in batches] == [(2, 3), (1, 1)]
+        if not continuous:  # a and c shared one turn; the sampled job ran alone
+            assert [(s.requests, s.sentences) for s in batches] == [(2, 3), (1, 1)]
+        else:  # a and c in one running search, reported as their sentences end
+            assert sum(s.sentences for s in batches) == 4
+        # the dropped ones never ran
     finally:
         b.close()
     with pytest.raises(Exception, match="shutting down"):

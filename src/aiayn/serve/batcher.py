@@ -13,13 +13,19 @@ queued jobs in between. So a request never waits behind more than one chunk of e
 ahead of it: a client who sends the largest request the limits allow slows the others down,
 but does not make them wait for all of it. A job is answered as soon as its last chunk is done.
 
+Continuous batching for greedy search (aiayn.serve.streams). Greedy jobs do not wait for
+turns: they join their settings' running search between two of its steps, and leave it at the
+step their sentences end. After each turn the running searches get as much model time as the
+turn took (one step at least). Beam search, sampling and the exported engines (not torch models
+whose cache rows can join) keep the turns.
+
 Abandoned work stops within one decoding step. While a chunk is searched, the search asks
-(`aiayn.search.decode.stop_when`) once per step whether every job in the chunk is gone: its client
+(`aiayn.search.step.stop_when`) once per step whether every job in the chunk is gone: its client
 went away (`Job.cancel()`), its deadline passed, or the batcher is aborting. Those jobs'
 remaining chunks are skipped.
 
 Sampling jobs are never merged with others: a sampled sentence's random stream is seeded by its
-line number within its request (`aiayn.search.decode.sample_seed`), so a request draws what `aiayn
+line number within its request (`aiayn.search.settings.sample_seed`), so a request draws what `aiayn
 translate` draws for the same lines. Other work for the model (an explanation) runs on the
 same thread as a `call` job, in its own turn.
 
@@ -34,8 +40,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,52 +48,20 @@ import torch
 from aiayn.config import DecodeConfig
 from aiayn.search.settings import max_output_lengths, output_cap
 from aiayn.search.step import SearchStoppedError, stop_when
+from aiayn.serve.jobs import (
+    BatchStats,
+    ClosedError,
+    Job,
+    QueueFullError,
+    batch_stats,
+    drop,
+    settle,
+)
+from aiayn.serve.streams import Streams
 from aiayn.text.batches import cut_batches
 from aiayn.translate.translator import Translation, Translator
 
 log = logging.getLogger(__name__)
-
-
-class QueueFullError(Exception):
-    """More jobs are waiting than the server accepts (it answers 503)."""
-
-
-class ClosedError(Exception):
-    """The batcher has stopped taking jobs (the server is shutting down)."""
-
-
-class ExpiredError(Exception):
-    """The job's deadline passed before the model finished it."""
-
-
-@dataclass
-class Job:
-    """Sentences to translate with one set of search settings, or a function to call."""
-
-    lines: list[str]
-    cfg: DecodeConfig | None  # None: `call` is run instead
-    deadline: float  # time.monotonic() after which nobody waits for the result
-    call: Callable[[], Any] | None = None
-    future: Future = field(default_factory=Future)
-    cancelled: bool = False
-
-    def cancel(self) -> None:
-        """The client went away: the worker skips what is left of this job."""
-        self.cancelled = True
-
-    def gone(self, now: float) -> bool:
-        return self.cancelled or now > self.deadline
-
-
-@dataclass
-class BatchStats:
-    """What one chunk (one turn of the model) held: for the server's metrics."""
-
-    requests: int
-    sentences: int
-    src_tokens: int
-    tgt_tokens: int
-    seconds: float
 
 
 @dataclass
@@ -105,19 +78,6 @@ class _Group:
 _STOP = object()
 
 
-def _settle(future: Future, *, result: Any = None, error: BaseException | None = None) -> None:
-    """Answer a future once (a waiting handler may have cancelled it meanwhile)."""
-    if future.done():
-        return
-    try:
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-    except InvalidStateError:  # cancelled between the check and the set
-        pass
-
-
 class Batcher:
     """One model worker thread fed by a queue of `Job`s (see the module docstring)."""
 
@@ -132,6 +92,7 @@ class Batcher:
         max_batch_sentences: int = 256,
         max_queue: int = 1000,
         on_batch: Callable[[BatchStats], None] | None = None,
+        continuous: bool = True,
     ) -> None:
         self.translator = translator
         self.window_s = window_s
@@ -141,12 +102,19 @@ class Batcher:
         self.max_batch_sentences = max_batch_sentences
         self.max_queue = max_queue
         self.on_batch = on_batch
+        # Continuous batching needs a torch model's cache (not an exported engine's).
+        self.continuous = continuous and isinstance(translator.model, torch.nn.Module)
+        self._streams = Streams(translator, chunk_rows, self._report)
         self._queue: queue.Queue[Job | object] = queue.Queue()
         self._lock = threading.Lock()  # guards _closed against submit/close races
         self._closed = False
         self._aborting = False  # set by close() when its timeout passes: running work stops
         self._worker = threading.Thread(target=self._run, name="aiayn-model", daemon=True)
         self._worker.start()
+
+    def _report(self, stats: BatchStats) -> None:
+        if self.on_batch is not None:  # (the server sets it after construction)
+            self.on_batch(stats)
 
     def queued(self) -> int:
         return self._queue.qsize()
@@ -185,7 +153,7 @@ class Batcher:
         active: deque[_Group] = deque()
         stopping = False
         while True:
-            if not active:
+            if not active and not self._streams:
                 if stopping:
                     break
                 first = self._queue.get()
@@ -193,14 +161,34 @@ class Batcher:
                     break
                 assert isinstance(first, Job)
                 jobs, stopping = self._gather(first)
-                active.extend(self._groups(jobs))
-            group = active.popleft()
-            self._turn(group)
+                self._take(jobs, active)
+            group = active.popleft() if active else None
+            t0 = time.monotonic()
+            if group is not None:
+                self._turn(group)
+            # The running searches get as much model time as the turn had (one step at least),
+            # so a greedy request is not held up a whole turn per token.
+            end = 2 * time.monotonic() - t0
+            while self._streams:
+                self._streams.step(self._aborting)
+                if time.monotonic() >= end:
+                    break
             if not stopping:  # what arrived meanwhile goes before the group's next turn
                 jobs, stopping = self._take_queued()
-                active.extend(self._groups(jobs))
-            if group.chunks:
+                self._take(jobs, active)
+            if group is not None and group.chunks:
                 active.append(group)  # round robin: the others go first
+
+    def _take(self, jobs: list[Job], active: deque[_Group]) -> None:
+        """Greedy jobs join their settings' running search; the others are cut into turns."""
+        turns = []
+        for job in jobs:
+            cfg = job.cfg
+            if self.continuous and cfg is not None and cfg.beam_size == 1 and not cfg.sample:
+                self._streams.take(job, cfg)
+            else:
+                turns.append(job)
+        active.extend(self._groups(turns))
 
     def _gather(self, first: Job) -> tuple[list[Job], bool]:
         """`first` plus what arrives within the window (or until the batch is full)."""
@@ -246,7 +234,7 @@ class Batcher:
             except Exception as e:  # (tokenizing for the turn budget) answer, keep the worker
                 log.exception("model worker")
                 for job in js:
-                    _settle(job.future, error=e)
+                    settle(job.future, error=e)
         return groups
 
     def _group(self, jobs: list[Job]) -> _Group:
@@ -285,7 +273,7 @@ class Batcher:
         now = time.monotonic()
         for job in group.jobs:
             if job.gone(now):
-                _drop(job)
+                drop(job)
         live = [(j, i) for j, i in chunk if not group.jobs[j].future.done()]
         owners = sorted({j for j, _ in live})
         try:
@@ -293,7 +281,7 @@ class Batcher:
                 job = group.jobs[0]
                 if not job.future.done():
                     with stop_when(lambda: self._aborting or job.gone(time.monotonic())):
-                        _settle(job.future, result=job.call())  # type: ignore[misc]
+                        settle(job.future, result=job.call())  # type: ignore[misc]
                 return
             if not live:
                 self._finish(group)
@@ -314,16 +302,15 @@ class Batcher:
                 group.results[j][i] = hyps
                 group.left[j] -= 1
             self._finish(group)
-            if self.on_batch is not None:
-                self.on_batch(_stats(len(owners), found, time.monotonic() - t0))
+            self._report(batch_stats(len(owners), found, time.monotonic() - t0))
         except SearchStoppedError:
             for job in group.jobs:
                 if job.gone(time.monotonic()) or self._aborting:
-                    _drop(job)
+                    drop(job)
         except Exception as e:  # answer the waiting requests, keep the worker alive
             log.exception("model worker")
             for job in group.jobs:
-                _settle(job.future, error=e)
+                settle(job.future, error=e)
         finally:
             if all(job.future.done() for job in group.jobs):
                 group.chunks.clear()  # nothing left that anyone waits for
@@ -332,18 +319,4 @@ class Batcher:
     def _finish(group: _Group) -> None:
         for job, results, left in zip(group.jobs, group.results, group.left, strict=True):
             if left == 0:
-                _settle(job.future, result=results)
-
-
-def _drop(job: Job) -> None:
-    """A job nobody waits for any more: cancelled, or its deadline passed."""
-    if job.cancelled:
-        job.future.cancel()
-    else:
-        _settle(job.future, error=ExpiredError("timed out waiting for the model"))
-
-
-def _stats(requests: int, found: list[list[Translation]], seconds: float) -> BatchStats:
-    src_tokens = sum(r[0].src_tokens for r in found)
-    tgt_tokens = sum(len(r[0].hyp.tokens) for r in found)
-    return BatchStats(requests, len(found), src_tokens, tgt_tokens, seconds)
+                settle(job.future, result=results)

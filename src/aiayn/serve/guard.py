@@ -20,7 +20,7 @@ from urllib.parse import parse_qs
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-from aiayn.serve.batcher import BatchStats
+from aiayn.serve.jobs import BatchStats
 from aiayn.serve.requests import ApiError
 
 access_log = logging.getLogger("aiayn.serve.access")

@@ -165,10 +165,8 @@ class Translator:
         results: list[list[Translation]] = [
             [Translation("", Hypothesis([], 0.0, 0.0, True))] for _ in lines
         ]
-        todo = [i for i, line in enumerate(lines) if line.strip()]
-        ids = self.tokenizer.encode_batch([lines[i].strip() for i in todo])
+        todo, ids = self.encode_lines(lines, first_line_no)
         line_nos = [first_line_no + i for i in todo]
-        ids = [self._fit(x, n) for x, n in zip(ids, line_nos, strict=True)]
         found = self._search(ids, line_nos, cfg, batch_tokens)
         for i, src, hyps in zip(todo, ids, found, strict=True):
             results[i] = [
@@ -183,7 +181,7 @@ class Translator:
         `aiayn.search.decode` (an exported model's translator replaces only this)."""
         found: list[list[Hypothesis]] = [[] for _ in ids]
         for batch in token_budget_batches([len(x) for x in ids], batch_tokens):
-            src_BS = self._pad([ids[j] for j in batch])
+            src_BS = self.pad([ids[j] for j in batch])
             # Each sentence samples from its own stream, seeded by its line number, so batching
             # and buffering do not change what it draws.
             seeds = [sample_seed(cfg.seed, line_nos[j]) for j in batch]
@@ -226,6 +224,19 @@ class Translator:
             if progress is not None:
                 progress(len(buffer))
 
+    def encode_lines(
+        self, lines: Sequence[str], first_line_no: int = 1
+    ) -> tuple[list[int], list[list[int]]]:
+        """(the indices of the non-empty lines, their source ids): stripped, encoded, and cut
+        to what the positional table holds (with a warning naming the line)."""
+        todo = [i for i, line in enumerate(lines) if line.strip()]
+        ids = self.tokenizer.encode_batch([lines[i].strip() for i in todo])
+        return todo, [self._fit(x, first_line_no + i) for x, i in zip(ids, todo, strict=True)]
+
+    def pad(self, rows: list[list[int]]) -> torch.Tensor:
+        """Source ids as one right-padded batch on the model's device."""
+        return pad_rows(rows, self.model.cfg.pad_id).to(self.device)
+
     def _fit(self, ids: list[int], line_no: int) -> list[int]:
         """Truncate a source the positional table cannot hold, saying so (module docstring)."""
         limit = self.model.cfg.max_len
@@ -240,9 +251,6 @@ class Translator:
             limit - 1,
         )
         return self.tokenizer.cut(ids, limit)
-
-    def _pad(self, rows: list[list[int]]) -> torch.Tensor:
-        return pad_rows(rows, self.model.cfg.pad_id).to(self.device)
 
 
 # --- files and streams, for `aiayn translate` and `aiayn evaluate` --------------------------------
