@@ -40,8 +40,11 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                    help="search rows x their output-length limit in one turn of the model "
                    "worker (default 8192)")  # fmt: skip
     p.add_argument("--chunk-rows", type=int, default=128,
-                   help="search rows in one turn of the model worker: requests take turns "
-                   "(default 128)")  # fmt: skip
+                   help="search rows in one turn of the model worker, and greedy rows in flight "
+                   "in a running search (default 128)")  # fmt: skip
+    p.add_argument("--batching", choices=("continuous", "turns"), default="continuous",
+                   help="greedy requests join a running search at every step (continuous) or "
+                   "take turns as beam search does (default continuous)")  # fmt: skip
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="a Host name clients may use besides loopback and --host (repeat; '*' "
                    "= any; a wildcard --host accepts any without it)")  # fmt: skip
@@ -96,7 +99,7 @@ def run_serve(args: argparse.Namespace) -> int:
         args.max_queue, args.source_lang, args.target_lang, args.examples,
         access_log=not args.no_access_log, allowed_hosts=tuple(args.allowed_host),
         cors_origins=tuple(args.cors_origin), chunk_rows=args.chunk_rows,
-        turn_tokens=args.turn_tokens,
+        turn_tokens=args.turn_tokens, continuous=args.batching == "continuous",
         max_connections=args.max_connections,
     )  # fmt: skip
     counts = serve(args.model, opts, device=args.device, dtype=args.dtype, threads=args.threads,

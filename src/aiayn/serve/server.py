@@ -59,6 +59,7 @@ class ServeOptions:
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides loopback and the bound one
     cors_origins: tuple[str, ...] = ()  # origins a browser may call the API from (none: no CORS)
     chunk_rows: int = 128  # search rows in one turn of the model worker, at most
+    continuous: bool = True  # greedy requests join a running search (aiayn.serve.streams)
     turn_tokens: int = 8192  # rows x their output-length limit in one turn, at most
     max_connections: int = 1024  # open connections and requests at once (then 503)
 
@@ -93,7 +94,8 @@ class Server:
         self.models = request_models(self.limits, self.languages, cfg.n_layers, cfg.n_heads)
         self.batcher = Batcher(
             translator, window_s=opts.window_ms / 1000, batch_tokens=opts.batch_tokens,
-            chunk_rows=opts.chunk_rows, turn_tokens=opts.turn_tokens, max_queue=opts.max_queue,
+            chunk_rows=opts.chunk_rows, turn_tokens=opts.turn_tokens, continuous=opts.continuous,
+            max_queue=opts.max_queue,
         )  # fmt: skip
         self.metrics = Metrics(self.batcher.queued)
         self.batcher.on_batch = self.metrics.batch
