@@ -62,7 +62,8 @@ def make_requests(corpus: list[str], n: int, most: int, seed: int) -> list[list[
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     return launch(args.model, ["--threads", str(args.threads), "--window-ms", str(args.window_ms),
                                "--max-sentences", "64", "--timeout", "120", "--max-queue",
-                               "100000", *turn_flags(args.chunk_rows)])  # fmt: skip
+                               "100000", "--batching", args.batching,
+                               *turn_flags(args.chunk_rows)])  # fmt: skip
 
 
 def turn_flags(chunk_rows: int) -> list[str]:
@@ -162,6 +163,8 @@ def main() -> None:
         help="the server's search rows per turn (its default 128)",
     )
     p.add_argument("--window-ms", type=float, default=10.0)
+    p.add_argument("--batching", choices=("continuous", "turns"), default="continuous",
+                   help="the server's --batching (greedy requests; its default continuous)")
     p.add_argument("--sigterm-at", type=int, default=0, help="SIGTERM after this many answers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reps", type=int, default=2, help="in-process runs; the fastest counts")
@@ -225,7 +228,7 @@ def main() -> None:
         "cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "model": str(args.model), "corpus": str(corpus_path), "requests": len(requests),
         "concurrency": args.concurrency, "sentences": len(every), "window_ms": args.window_ms,
-        "chunk_rows": args.chunk_rows,
+        "chunk_rows": args.chunk_rows, "batching": args.batching,
         "errors": len(errors), "error_kinds": sorted(set(map(str, errors))),
         "answered_200": len(ok), "latency_s": percentiles([r["seconds"] for r in ok]),
         "single_sentence_latency_s": percentiles(single), "single_sentence_requests": len(single),

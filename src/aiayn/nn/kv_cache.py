@@ -83,8 +83,14 @@ class KVCache:
         if other.length != 0 or other.self_k[0].size(2) != self.self_k[0].size(2):
             raise ValueError("join a fresh cache of the same capacity")
         S = max(self.cross_k[0].size(2), other.cross_k[0].size(2))
-        for buf in other.self_k + other.self_v:
-            buf.zero_()
+        L = self.length
+
+        def stack(mine: Tensor, theirs: Tensor) -> Tensor:  # only the filled columns are copied
+            out = mine.new_empty(B + b, *mine.shape[1:])
+            out[:B, :, :L] = mine[:, :, :L]
+            out[B:, :, :L] = 0  # what a new row does not see; it writes from column L on
+            return out
+
         device = self.self_k[0].device
         start = (
             self.start_B
@@ -93,8 +99,8 @@ class KVCache:
         )
         new = torch.full((b,), self.length, dtype=torch.long, device=device)
         return KVCache(
-            [torch.cat(p) for p in zip(self.self_k, other.self_k, strict=True)],
-            [torch.cat(p) for p in zip(self.self_v, other.self_v, strict=True)],
+            [stack(*p) for p in zip(self.self_k, other.self_k, strict=True)],
+            [stack(*p) for p in zip(self.self_v, other.self_v, strict=True)],
             [torch.cat([_pad_dim(a, 2, S), _pad_dim(o, 2, S)])
              for a, o in zip(self.cross_k, other.cross_k, strict=True)],
             [torch.cat([_pad_dim(a, 2, S), _pad_dim(o, 2, S)])
@@ -104,12 +110,13 @@ class KVCache:
         )  # fmt: skip
 
     def make_room(self, positions: int) -> KVCache:
-        """A cache with room for `positions` more columns: the leading columns that no row
-        sees are dropped first, then the buffers grow if that is not enough."""
-        drop = int(self.start_B.min()) if self.start_B is not None and len(self.start_B) else 0
-        capacity, need = self.self_k[0].size(2), self.length - drop + positions
-        if drop == 0 and need <= capacity:
+        """A cache with room for `positions` more columns: itself if it has it, else the leading
+        columns that no row sees are dropped, and the buffers grow if that is not enough."""
+        capacity = self.self_k[0].size(2)
+        if self.length + positions <= capacity:  # room enough: copy nothing
             return self
+        drop = int(self.start_B.min()) if self.start_B is not None and len(self.start_B) else 0
+        need = self.length - drop + positions
         size = max(capacity, need)
         moved = []
         for buf in self.self_k + self.self_v:
@@ -153,7 +160,17 @@ class KVCache:
                 torch.index_select(src[:, :, filled], 0, idx_B, out=dst[:, :, filled])
             self_k, self_v = self.spare_k, self.spare_v
             spare_k, spare_v = self.self_k, self.self_v
-        else:  # rows dropped (finished sentences), or autograd on: new buffers
+        elif not self.self_k[0].requires_grad:  # rows dropped: new buffers, filled part copied
+            filled = slice(0, self.length)
+
+            def gather(buf: Tensor) -> Tensor:
+                out = buf.new_empty(len(idx_B), *buf.shape[1:])
+                torch.index_select(buf[:, :, filled], 0, idx_B, out=out[:, :, filled])
+                return out
+
+            self_k, self_v = [gather(b) for b in self.self_k], [gather(b) for b in self.self_v]
+            spare_k = spare_v = None  # type: ignore[assignment]  # no spare: built on demand
+        else:  # autograd on: new buffers
             self_k = [b.index_select(0, idx_B) for b in self.self_k]
             self_v = [b.index_select(0, idx_B) for b in self.self_v]
             spare_k = spare_v = None  # type: ignore[assignment]  # no spare: built on demand

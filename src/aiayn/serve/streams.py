@@ -105,9 +105,13 @@ class Streams:
             stream.run.drop(rows)
             for r in rows:
                 del stream.rows[r]
+        # Sentences join in groups (one encoder batch, one cache copy) when a quarter of the
+        # rows are free or all that wait fit: admitting one at a time copies the cache often.
         admit: list[tuple[_Entry, int, list[int]]] = []
-        while stream.waiting and stream.run.live + len(admit) < self.max_rows:
-            admit.append(stream.waiting.popleft())
+        free = self.max_rows - stream.run.live
+        if free >= min(len(stream.waiting), max(1, self.max_rows // 4)):
+            while stream.waiting and len(admit) < free:
+                admit.append(stream.waiting.popleft())
         t0 = time.monotonic()
         try:
             with inference(self.translator.model), self.translator.precision.autocast():
