@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import time
 from datetime import date
@@ -72,7 +73,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--corpus", type=Path, help="a sentence a line (default MODEL/../data/test.en)")
-    p.add_argument("--chunk-rows", type=int, nargs="+", default=[128, 100_000])
+    p.add_argument("--chunk-rows", type=int, nargs="+", default=[128],
+                   help="turn sizes to compare (100000: one turn per merged batch)")
+    p.add_argument("--batching", nargs="+", choices=("continuous", "turns"),
+                   default=["continuous", "turns"], help="the server's --batching, each compared")
     p.add_argument("--clients", type=int, default=16, help="clients sending long requests")
     p.add_argument("--singles", type=int, default=60, help="one-sentence requests timed")
     p.add_argument("--threads", type=int, default=1)
@@ -82,11 +86,12 @@ def main() -> None:
     by_length = sorted(corpus, key=len)
     short, long = by_length[: len(corpus) // 4], by_length[-len(corpus) // 4 :]
     runs = []
-    for rows in args.chunk_rows:
+    for batching, rows in itertools.product(args.batching, args.chunk_rows):
         proc, url = launch(args.model, ["--threads", str(args.threads), "--timeout", "300",
-                                        *turn_flags(rows)])  # fmt: skip
+                                        "--batching", batching, *turn_flags(rows)])  # fmt: skip
         try:
-            runs.append({"chunk_rows": rows, **asyncio.run(measure(url, short, long, args))})
+            found = asyncio.run(measure(url, short, long, args))
+            runs.append({"batching": batching, "chunk_rows": rows, **found})
         finally:
             proc.terminate()
             proc.wait(60)
