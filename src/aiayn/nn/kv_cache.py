@@ -7,8 +7,8 @@ position of self-attention keys and values. Beam search reorders both with `inde
 Continuous batching (a server's search that sentences join while it runs) adds rows with
 `join`: every row writes its next position at the same column (`length`), so a row that joins
 at column c has `start_B` = c, sees only columns >= c, and its position in the sentence is
-column - c (left padding, as in batched generation). `make_room` drops the columns no live row
-needs any more and grows the buffers when a joining row needs more.
+column - c (left padding, as in batched generation). A join also drops the leading columns no
+live row sees any more, and grows the buffers when a joining row needs more room.
 """
 
 from __future__ import annotations
@@ -75,58 +75,38 @@ class KVCache:
         cols_C = torch.arange(end, device=self.start_B.device)
         return (cols_C[None, :] >= self.start_B[:, None])[:, None, None, :]
 
-    def join(self, other: KVCache) -> KVCache:
-        """These rows, then `other`'s (a fresh cache of the same capacity, `length` 0): the
-        new rows start at this cache's column `length`. Cross K/V are padded to the longer
-        source; what a row does not see is zero, so masked products stay finite."""
-        B, b = self.self_k[0].size(0), other.self_k[0].size(0)
-        if other.length != 0 or other.self_k[0].size(2) != self.self_k[0].size(2):
-            raise ValueError("join a fresh cache of the same capacity")
-        S = max(self.cross_k[0].size(2), other.cross_k[0].size(2))
-        L = self.length
+    def join(self, other: KVCache, positions: int) -> KVCache:
+        """These rows, then `other`'s (a fresh cache of the same sources: only its cross K/V
+        are taken), with room for `positions` more columns. The leading columns no row sees
+        any more are dropped on the way (attention reads every column up to `length`); the new
+        rows start at the new `length`. Cross K/V are padded to the longer source; what a row
+        does not see is zero, so masked products stay finite."""
+        B, b = self.self_k[0].size(0), other.cross_k[0].size(0)
+        device = self.self_k[0].device
+        start = self.start_B if self.start_B is not None else torch.zeros(
+            B, dtype=torch.long, device=device)  # fmt: skip
+        drop = int(start.min()) if B else self.length
+        L = self.length - drop
+        size = max(self.self_k[0].size(2) - drop, L + positions)
 
-        def stack(mine: Tensor, theirs: Tensor) -> Tensor:  # only the filled columns are copied
-            out = mine.new_empty(B + b, *mine.shape[1:])
-            out[:B, :, :L] = mine[:, :, :L]
+        def stack(mine: Tensor) -> Tensor:  # only the columns someone sees are copied
+            out = mine.new_empty(B + b, mine.size(1), size, mine.size(3))
+            out[:B, :, :L] = mine[:, :, drop : self.length]
             out[B:, :, :L] = 0  # what a new row does not see; it writes from column L on
             return out
 
-        device = self.self_k[0].device
-        start = (
-            self.start_B
-            if self.start_B is not None
-            else torch.zeros(B, dtype=torch.long, device=device)
-        )
-        new = torch.full((b,), self.length, dtype=torch.long, device=device)
+        S = max(self.cross_k[0].size(2), other.cross_k[0].size(2))
         return KVCache(
-            [stack(*p) for p in zip(self.self_k, other.self_k, strict=True)],
-            [stack(*p) for p in zip(self.self_v, other.self_v, strict=True)],
+            [stack(k) for k in self.self_k],
+            [stack(v) for v in self.self_v],
             [torch.cat([_pad_dim(a, 2, S), _pad_dim(o, 2, S)])
              for a, o in zip(self.cross_k, other.cross_k, strict=True)],
             [torch.cat([_pad_dim(a, 2, S), _pad_dim(o, 2, S)])
              for a, o in zip(self.cross_v, other.cross_v, strict=True)],
-            self.length,
-            start_B=torch.cat([start, new]),
+            L,
+            start_B=torch.cat([start - drop, torch.full((b,), L, dtype=torch.long,
+                                                         device=device)]),
         )  # fmt: skip
-
-    def make_room(self, positions: int) -> KVCache:
-        """A cache with room for `positions` more columns: itself if it has it, else the leading
-        columns that no row sees are dropped, and the buffers grow if that is not enough."""
-        capacity = self.self_k[0].size(2)
-        if self.length + positions <= capacity:  # room enough: copy nothing
-            return self
-        drop = int(self.start_B.min()) if self.start_B is not None and len(self.start_B) else 0
-        need = self.length - drop + positions
-        size = max(capacity, need)
-        moved = []
-        for buf in self.self_k + self.self_v:
-            new = buf.new_zeros(buf.size(0), buf.size(1), size, buf.size(3))
-            new[:, :, : self.length - drop] = buf[:, :, drop : self.length]
-            moved.append(new)
-        n = len(self.self_k)
-        start = None if self.start_B is None else self.start_B - drop
-        return KVCache(moved[:n], moved[n:], self.cross_k, self.cross_v, self.length - drop,
-                       start_B=start)  # fmt: skip
 
     def append_self(self, layer: int, k_BHTK: Tensor, v_BHTK: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new positions' K/V; return views of everything so far (B, H, length+T, K)."""

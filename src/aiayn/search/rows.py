@@ -94,9 +94,8 @@ class RowSearch:
         else:
             if self.on_step is not None or self.cache is None:
                 raise ValueError("rows can join a running search only with the cache, unobserved")
-            self.cache = self.cache.make_room(T)
-            fresh = self.model.init_cache(memory, self.cache.self_k[0].size(2))
-            self.cache = self.cache.join(fresh)
+            fresh = self.model.init_cache(memory, 1)  # its cross K/V; self K/V come from join
+            self.cache = self.cache.join(fresh, T)
             self.memory = self.memory.join(memory)
             width = max(self.out_rT.size(1), T)
             self.out_rT = torch.cat([
