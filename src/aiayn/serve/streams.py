@@ -93,7 +93,8 @@ class Streams:
         stream.waiting.extend((entry, i, x) for i, x in zip(todo, ids, strict=True))
 
     def _step(self, stream: _Stream, aborting: bool) -> None:
-        """Admit waiting sentences up to `chunk_rows` rows, run one step, answer what ended."""
+        """Admit waiting sentences (up to `max_rows` rows in flight), run one step, answer what
+        ended."""
         now = time.monotonic()
         gone = [e for e in stream.entries if aborting or e.job.gone(now)]
         if gone:
