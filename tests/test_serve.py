@@ -455,3 +455,22 @@ def test_languages_come_from_the_training_files_suffixes(tmp_path):
     (tmp_path / "run_config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="run_config.json is unreadable"):
         model_languages(tmp_path)  # as Translator.load says: the server does not start
+
+
+def test_the_listening_socket_sends_small_writes_at_once():
+    """TCP_NODELAY on the listening socket (accepted ones inherit it): without it every
+    keep-alive response written in two parts waited ~40 ms for the client's delayed ACK."""
+    import socket
+
+    from aiayn.serve.run import listen
+
+    sock = listen("127.0.0.1", 0)
+    try:
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        client = socket.create_connection(sock.getsockname())
+        accepted, _ = sock.accept()
+        assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        client.close()
+        accepted.close()
+    finally:
+        sock.close()
