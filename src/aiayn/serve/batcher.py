@@ -166,16 +166,17 @@ class Batcher:
             t0 = time.monotonic()
             if group is not None:
                 self._turn(group)
-            # The running searches get as much model time as the turn had (one step at least),
-            # so a greedy request is not held up a whole turn per token.
+            if not stopping:  # what arrived meanwhile goes before the group's next turn
+                jobs, stopping = self._take_queued()
+                self._take(jobs, active)
+            # The running searches (greedy requests that arrived meanwhile included) get as
+            # much model time as the turn had, one step at least: a greedy request is not held
+            # up a whole turn per token.
             end = 2 * time.monotonic() - t0
             while self._streams:
                 self._streams.step(self._aborting)
                 if time.monotonic() >= end:
                     break
-            if not stopping:  # what arrived meanwhile goes before the group's next turn
-                jobs, stopping = self._take_queued()
-                self._take(jobs, active)
             if group is not None and group.chunks:
                 active.append(group)  # round robin: the others go first
 
