@@ -2,7 +2,8 @@
 
 A request handler submits a job (its sentences and search settings) and waits on the job's
 future. The worker takes the first queued job, waits a short window (`window_s`, 10 ms by
-default) for more, and merges the jobs that share the same search settings into one group.
+default) for more, and merges the jobs that share the same search settings into one group. (A
+greedy job under continuous batching does not wait: later ones join its search at a step.)
 Concurrent requests thus share batches (what makes serving nearly as fast as translating a
 file in one call), while a lone request waits only the window.
 
@@ -160,7 +161,11 @@ class Batcher:
                 if first is _STOP:
                     break
                 assert isinstance(first, Job)
-                jobs, stopping = self._gather(first)
+                if self._joins(first):  # later arrivals join its search at the next step
+                    jobs, stopping = self._take_queued()
+                    jobs.insert(0, first)
+                else:
+                    jobs, stopping = self._gather(first)
                 self._take(jobs, active)
             group = active.popleft() if active else None
             t0 = time.monotonic()
@@ -184,12 +189,17 @@ class Batcher:
         """Greedy jobs join their settings' running search; the others are cut into turns."""
         turns = []
         for job in jobs:
-            cfg = job.cfg
-            if self.continuous and cfg is not None and cfg.beam_size == 1 and not cfg.sample:
-                self._streams.take(job, cfg)
+            if self._joins(job):
+                assert job.cfg is not None
+                self._streams.take(job, job.cfg)
             else:
                 turns.append(job)
         active.extend(self._groups(turns))
+
+    def _joins(self, job: Job) -> bool:
+        """Whether `job` goes to a running greedy search (continuous batching)."""
+        cfg = job.cfg
+        return self.continuous and cfg is not None and cfg.beam_size == 1 and not cfg.sample
 
     def _gather(self, first: Job) -> tuple[list[Job], bool]:
         """`first` plus what arrives within the window (or until the batch is full)."""
