@@ -9,7 +9,9 @@ The server runs as a subprocess on a free loopback port (`python -m aiayn serve`
 errors (any answer but 200, any failed request), latency percentiles (all requests and the
 single-sentence ones), served sentences/s over the whole load, the in-process sentences/s of
 `Translator.translate_hyps` on all the sentences at once (after the server has stopped, so the
-two never share the CPU; the fastest of `--reps` runs), their ratio, how many served
+two never share the CPU; the fastest of `--reps` runs), their ratio, the in-process figure at
+the batch the load offers (the sentences of the requests in flight, at most `--chunk-rows`,
+in arrival order), how many served
 translations differ from the in-process ones, and the server's merged batch sizes (/metrics).
 Throughput is also given per CPU second (the server process's user + system time over the load,
 against the in-process call's), which other jobs on a shared machine disturb far less than
@@ -215,6 +217,13 @@ def main() -> None:
         local = translator.translate_hyps(every, translator.cfg)
         local_s = min(local_s, time.perf_counter() - t0)
         local_cpu = min(local_cpu, time.process_time() - c0)
+    # The batch the load offers: the sentences of the requests in flight (concurrency x mean
+    # request size), at most the server's rows in flight; translated in arrival order.
+    offered = max(1, min(args.chunk_rows, round(args.concurrency * len(every) / len(requests))))
+    t0 = time.perf_counter()
+    for i in range(0, len(every), offered):
+        translator.translate_hyps(every[i : i + offered], translator.cfg)
+    offered_rate = len(every) / (time.perf_counter() - t0)
     local_texts, at, differ = [r[0].text for r in local], 0, 0
     for r, q in zip(results, requests, strict=True):
         if r and r["status"] == 200:
@@ -235,6 +244,9 @@ def main() -> None:
         "wall_s": round(run["wall"], 2), "served_sentences_per_s": round(served_rate, 1),
         "in_process_sentences_per_s": round(local_rate, 1),
         "served_over_in_process": round(served_rate / local_rate, 3),
+        "offered_batch_sentences": offered,
+        "in_process_at_offered_batch_per_s": round(offered_rate, 1),
+        "served_over_in_process_at_offered_batch": round(served_rate / offered_rate, 3),
         # CPU seconds (all threads) are steadier than wall time on a shared machine: the
         # server's include its HTTP work; the client's (this process) are not counted.
         "served_sentences_per_cpu_s": round(served_sentences / server_cpu, 1)
