@@ -73,10 +73,20 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--corpus", type=Path, help="a sentence a line (default MODEL/../data/test.en)")
-    p.add_argument("--chunk-rows", type=int, nargs="+", default=[128],
-                   help="turn sizes to compare (100000: one turn per merged batch)")
-    p.add_argument("--batching", nargs="+", choices=("continuous", "turns"),
-                   default=["continuous", "turns"], help="the server's --batching, each compared")
+    p.add_argument(
+        "--chunk-rows",
+        type=int,
+        nargs="+",
+        default=[128],
+        help="turn sizes to compare (100000: one turn per merged batch)",
+    )
+    p.add_argument(
+        "--batching",
+        nargs="+",
+        choices=("continuous", "turns"),
+        default=["continuous", "turns"],
+        help="the server's --batching, each compared",
+    )
     p.add_argument("--clients", type=int, default=16, help="clients sending long requests")
     p.add_argument("--singles", type=int, default=60, help="one-sentence requests timed")
     p.add_argument("--threads", type=int, default=1)

@@ -165,8 +165,12 @@ def main() -> None:
         help="the server's search rows per turn (its default 128)",
     )
     p.add_argument("--window-ms", type=float, default=10.0)
-    p.add_argument("--batching", choices=("continuous", "turns"), default="continuous",
-                   help="the server's --batching (greedy requests; its default continuous)")
+    p.add_argument(
+        "--batching",
+        choices=("continuous", "turns"),
+        default="continuous",
+        help="the server's --batching (greedy requests; its default continuous)",
+    )
     p.add_argument("--sigterm-at", type=int, default=0, help="SIGTERM after this many answers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reps", type=int, default=2, help="in-process runs; the fastest counts")

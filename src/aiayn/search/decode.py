@@ -54,13 +54,7 @@ from aiayn.search.settings import (
     top_p_filter,
 )
 from aiayn.search.step import Decodable, check_stop, forbid, inference, output_limits
-from aiayn.search.views import (
-    BeamState,
-    OnStep,
-    TopK,
-    beam_view,
-    ending_candidates,
-)
+from aiayn.search.views import BeamState, OnStep, TopK, beam_view, ending_candidates
 
 
 def _search_single(

@@ -1,6 +1,6 @@
 """The one-hypothesis-per-row search (greedy, sampling) as a steppable object, `RowSearch`:
 rows may join while it runs, which is what a server's continuous batching needs
-(aiayn.serve.batcher); aiayn.search.decode runs it whole for `greedy_search` and
+(aiayn.serve.streams); aiayn.search.decode runs it whole for `greedy_search` and
 `sample_search`.
 """
 
@@ -12,17 +12,9 @@ import torch
 from torch import Tensor
 
 from aiayn.config import DecodeConfig
-from aiayn.search.settings import (
-    Hypothesis,
-    check_decode_config,
-    length_penalty,
-)
+from aiayn.search.settings import Hypothesis, check_decode_config, length_penalty
 from aiayn.search.step import Decodable, check_stop, forbid, output_limits
-from aiayn.search.views import (
-    OnStep,
-    SingleRows,
-    single_view,
-)
+from aiayn.search.views import OnStep, SingleRows, single_view
 
 # (log-probabilities (R, V), id of each live row (R,), each row's step (R,))
 #   -> (next token ids (R,), their log-probabilities (R,))

@@ -49,15 +49,7 @@ import torch
 from aiayn.config import DecodeConfig
 from aiayn.search.settings import max_output_lengths, output_cap
 from aiayn.search.step import SearchStoppedError, stop_when
-from aiayn.serve.jobs import (
-    BatchStats,
-    ClosedError,
-    Job,
-    QueueFullError,
-    batch_stats,
-    drop,
-    settle,
-)
+from aiayn.serve.jobs import BatchStats, ClosedError, Job, QueueFullError, batch_stats, drop, settle
 from aiayn.serve.streams import Streams
 from aiayn.text.batches import cut_batches
 from aiayn.translate.translator import Translation, Translator
