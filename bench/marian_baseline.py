@@ -15,7 +15,8 @@ threads as an aiayn run, so that every claim against it is re-run with one comma
 - bf16 autocast where the CPU (or GPU) has native bf16, as aiayn's `dtype = "auto"` chooses;
 - training until `--minutes` of wall clock have passed (evaluation after, not counted), then
   validation loss/perplexity and test BLEU (sacreBLEU, cased, detokenized) with greedy search
-  and beam `--beam` (`generate()`'s defaults: length penalty 1.0).
+  and beam `--beam` (`generate()`'s defaults: length penalty 1.0), on `--test-src/--test-tgt`
+  and, if given, a second test set `--test2-src/--test2-tgt` (keys `test2_greedy`, ...).
 
     python bench/marian_baseline.py --src train.en --tgt train.de --valid-src val.en \\
         --valid-tgt val.de --test-src test.en --test-tgt test.de --minutes 10 --threads 1
@@ -125,6 +126,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for name in ("src", "tgt", "valid-src", "valid-tgt", "test-src", "test-tgt"):
         p.add_argument(f"--{name}", type=Path, required=True)
+    p.add_argument("--test2-src", type=Path, help="an optional second test set, scored the "
+                   "same way as test2_greedy/test2_beamN")  # fmt: skip
+    p.add_argument("--test2-tgt", type=Path)
     p.add_argument("--tokenizer", type=Path, help="an aiayn run/model directory whose "
                    "tokenizer.model to use (default: train one like aiayn train)")  # fmt: skip
     p.add_argument("--vocab-size", type=int, default=8000)
@@ -145,6 +149,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
+    if (args.test2_src is None) != (args.test2_tgt is None):
+        p.error("--test2-src and --test2-tgt go together")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -195,15 +201,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "last_train_loss": round(last_loss, 4),
         **{k: round(v, 4) for k, v in validate(model, valid, args, pad, precision).items()},
     }
-    src = [s for s, _ in read_parallel(args.test_src, args.test_tgt)]
-    refs = [t for _, t in read_parallel(args.test_src, args.test_tgt)]
     decoding = choose_precision(args.dtype, torch.device("cpu"), decoding=True)  # as aiayn's
-    for name, beam in (("greedy", 1), (f"beam{args.beam}", args.beam)):
-        with decoding.autocast():
-            hyps = translate(model, tok, src, beam)
-        score = bleu(hyps, refs)
-        result[name] = {"bleu": round(score.score, 2), "bp": round(score.brevity_penalty or 0, 3),
-                        "length_ratio": round(score.length_ratio or 0, 3)}  # fmt: skip
+    tests = [("", args.test_src, args.test_tgt)]
+    if args.test2_src is not None:
+        tests.append(("test2_", args.test2_src, args.test2_tgt))
+    for prefix, test_src, test_tgt in tests:
+        pairs = list(read_parallel(test_src, test_tgt))
+        src, refs = [s for s, _ in pairs], [t for _, t in pairs]
+        for name, beam in (("greedy", 1), (f"beam{args.beam}", args.beam)):
+            with decoding.autocast():
+                hyps = translate(model, tok, src, beam)
+            score = bleu(hyps, refs)
+            result[prefix + name] = {"bleu": round(score.score, 2),
+                                     "bp": round(score.brevity_penalty or 0, 3),
+                                     "length_ratio": round(score.length_ratio or 0, 3)}  # fmt: skip
     result |= {
         "model": {"d_model": args.d_model, "heads": args.heads, "layers": args.layers,
                   "ffn": args.ffn, "vocab": tok.vocab_size,
