@@ -474,3 +474,26 @@ def test_the_listening_socket_sends_small_writes_at_once():
         accepted.close()
     finally:
         sock.close()
+
+
+def test_running_searches_share_one_bound_on_rows_in_flight(translator):
+    """Requests with many distinct greedy settings get one search each, but the rows (and the
+    cache memory) in flight stay within `max_rows` over all of them."""
+    from aiayn.serve.streams import Streams
+
+    stats = []
+    streams = Streams(translator, 4, stats.append)
+    jobs = []
+    for alpha in (0.6, 0.7, 0.8):
+        cfg = translator.settings(alpha=alpha)
+        job = Job(["two", "seven", "forty-two"], cfg, deadline=time.monotonic() + 60)
+        streams.take(job, cfg)
+        jobs.append((job, cfg))
+    most = 0
+    while streams:
+        streams.step()
+        most = max(most, sum(s.run.live for s in streams._streams.values()))
+    assert 0 < most <= 4
+    for job, cfg in jobs:
+        expected = translator.translate_hyps(job.lines, cfg)
+        assert [r[0].text for r in job.future.result(0)] == [e[0].text for e in expected]

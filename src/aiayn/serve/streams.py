@@ -3,12 +3,12 @@
 Jobs whose settings are greedy (beam 1, one hypothesis, no sampling) do not wait for turns:
 each set of settings has one running search (`aiayn.search.rows.RowSearch`) that the model
 worker steps. Between two steps the sentences queued meanwhile join it, their encoder run and
-their cache rows added, up to `max_rows` rows in flight; a sentence leaves at the step it ends,
-and its request is answered when its last sentence has. So a short request never waits for a
-long one to finish, and the batch stays full while clients send their next requests. Rows with
-different settings run as separate searches (their limits and length penalty differ; one search
-per setting keeps each search the paper's). Rows of requests that are gone (client left,
-deadline passed) leave before the next step.
+their cache rows added, up to `max_rows` rows in flight over all the searches; a sentence
+leaves at the step it ends, and its request is answered when its last sentence has. So a short
+request never waits for a long one to finish, and the batch stays full while clients send their
+next requests. Rows with different settings run as separate searches (their limits and length
+penalty differ; one search per setting keeps each search the paper's). Rows of requests that
+are gone (client left, deadline passed) leave before the next step.
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ class Streams:
         stream.waiting.extend((entry, i, x) for i, x in zip(todo, ids, strict=True))
 
     def _step(self, stream: _Stream, aborting: bool) -> None:
-        """Admit waiting sentences (up to `max_rows` rows in flight), run one step, answer what
-        ended."""
+        """Admit waiting sentences (up to `max_rows` rows in flight over all searches), run one
+        step, answer what ended."""
         now = time.monotonic()
         gone = [e for e in stream.entries if aborting or e.job.gone(now)]
         if gone:
@@ -109,7 +109,9 @@ class Streams:
         # Sentences join in groups (one encoder batch, one cache copy) when a quarter of the
         # rows are free or all that wait fit: admitting one at a time copies the cache often.
         admit: list[tuple[_Entry, int, list[int]]] = []
-        free = self.max_rows - stream.run.live
+        # One bound for all running searches: many distinct settings must not multiply the
+        # rows (and cache memory) in flight.
+        free = self.max_rows - sum(s.run.live for s in self._streams.values())
         if free >= min(len(stream.waiting), max(1, self.max_rows // 4)):
             while stream.waiting and len(admit) < free:
                 admit.append(stream.waiting.popleft())
