@@ -85,8 +85,8 @@ class TableModel(nn.Module):
             ids = [int(x) for x in hist_BHLK[r, 0, :, 0]]
             assert ids[0] == BOS_ID
             assert EOS_ID not in ids, f"row {r} extended after EOS: {ids}"
-            sent = int(memory.out_BSD[r, 0, 0])
-            assert int(cache.cross_k[0][r, 0, 0, 0]) == sent, "cross-attention rows out of sync"
+            sent = int(cache.cross_k[0][r, 0, 0, 0])  # a cached step reads only memory's mask
+            assert memory.keep_BS.size(0) == tokens_BT.size(0), "memory rows out of sync"
             for tok, p in TABLES[sent][tuple(ids[1:])].items():
                 logits_BV[r, tok] = math.log(p)
         return logits_BV, cache
@@ -479,19 +479,30 @@ def eos_model() -> Transformer:
     joins=st.lists(st.integers(0, 8), min_size=7, max_size=7),
     min_len=st.integers(0, 1),
     seed=st.integers(0, 10_000),
+    compact=st.sampled_from([0.0, 0.5, 1.0]),
+    drop_at=st.one_of(st.none(), st.tuples(st.integers(0, 6), st.integers(0, 8))),
 )
 def test_rows_that_join_a_running_search_get_what_they_get_alone(
-    eos_model: Transformer, lengths: list[int], joins: list[int], min_len: int, seed: int
+    eos_model: Transformer,
+    lengths: list[int],
+    joins: list[int],
+    min_len: int,
+    seed: int,
+    compact: float,
+    drop_at: tuple[int, int] | None,
 ) -> None:
     """Continuous batching: sentences admitted at later steps (their cache rows joining at the
-    current column) end with the hypotheses greedy search gives them in a batch of their own."""
+    current column) end with the hypotheses greedy search gives them in a batch of their own,
+    whether finished rows leave at once or stay in the batch (`compact`), and whatever row
+    is dropped meanwhile (`drop_at`: that sentence, at that step)."""
     from aiayn.search.rows import RowSearch
 
     src = random_batch(lengths, seed)
     cfg = DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=4, min_len=min_len)
     alone = [greedy_search(eos_model, src[i : i + 1], cfg)[0] for i in range(len(lengths))]
-    run, order, got = RowSearch(eos_model, cfg), [], {}
+    run, order, got = RowSearch(eos_model, cfg, compact=compact), [], {}
     pending = sorted(range(len(lengths)), key=lambda i: joins[i])
+    dropped = None
     with torch.inference_mode():
         step = 0
         while pending or run.live:
@@ -502,9 +513,17 @@ def test_rows_that_join_a_running_search_get_what_they_get_alone(
                 pending = [i for i in pending if i not in now]
                 run.add(src[now])
                 order += now
+            if drop_at is not None and drop_at[1] == step and drop_at[0] < len(order):
+                dropped = order[drop_at[0]]
+                run.drop({drop_at[0]})
             for row, hyp in run.step():
+                assert order[row] != dropped and order[row] not in got  # once, and never dropped
                 got[order[row]] = hyp
             step += 1
+            if run.live:  # compacted when more than `compact` of the batch is dead
+                assert len(run.alive_r) - run.live <= compact * len(run.alive_r)
+    if dropped is not None:
+        got.setdefault(dropped, alone[dropped])  # it may have finished before its drop
     assert sorted(got) == list(range(len(lengths)))
     for i, want in enumerate(alone):
         assert (got[i].tokens, got[i].eos) == (want.tokens, want.eos)

@@ -33,6 +33,12 @@ class Memory:
     def index_select(self, idx_B: Tensor) -> Memory:
         return Memory(self.out_BSD.index_select(0, idx_B), self.keep_BS.index_select(0, idx_B))
 
+    def mask_only(self) -> Memory:
+        """What a step with a filled `KVCache` reads: the mask (the cache holds the cross K/V
+        made from `out_BSD`). A search that reorders or joins rows then copies no encoder
+        output."""
+        return Memory(self.out_BSD[:, :, :0], self.keep_BS)
+
     def join(self, other: Memory) -> Memory:
         """These rows, then `other`'s, padded to the longer source (padding is not kept)."""
         S = max(self.keep_BS.size(1), other.keep_BS.size(1))
@@ -75,34 +81,44 @@ class KVCache:
         cols_C = torch.arange(end, device=self.start_B.device)
         return (cols_C[None, :] >= self.start_B[:, None])[:, None, None, :]
 
-    def join(self, other: KVCache, positions: int) -> KVCache:
-        """These rows, then `other`'s (a fresh cache of the same sources: only its cross K/V
-        are taken), with room for `positions` more columns. The leading columns no row sees
-        any more are dropped on the way (attention reads every column up to `length`); the new
-        rows start at the new `length`. Cross K/V are padded to the longer source; what a row
-        does not see is zero, so masked products stay finite."""
-        B, b = self.self_k[0].size(0), other.cross_k[0].size(0)
-        device = self.self_k[0].device
+    def join(self, other: KVCache, positions: int, keep_B: Tensor | None = None) -> KVCache:
+        """These rows (those in `keep_B`, if given), then `other`'s (a fresh cache of the same
+        sources: only its cross K/V are taken), with room for `positions` more columns, in one
+        copy. The leading columns no row sees any more are dropped on the way (attention reads
+        every column up to `length`); the new rows start at the new `length`. Cross K/V are
+        padded to the longer source; what a row does not see is zero, so masked products stay
+        finite."""
+        b, device = other.cross_k[0].size(0), self.self_k[0].device
         start = self.start_B if self.start_B is not None else torch.zeros(
-            B, dtype=torch.long, device=device)  # fmt: skip
+            self.self_k[0].size(0), dtype=torch.long, device=device)  # fmt: skip
+        if keep_B is not None:
+            start = start.index_select(0, keep_B)
+        B = start.size(0)
         drop = int(start.min()) if B else self.length
         L = self.length - drop
         size = max(self.self_k[0].size(2) - drop, L + positions)
 
-        def stack(mine: Tensor) -> Tensor:  # only the columns someone sees are copied
+        def stack(mine: Tensor) -> Tensor:  # only the rows and columns someone sees are copied
             out = mine.new_empty(B + b, mine.size(1), size, mine.size(3))
-            out[:B, :, :L] = mine[:, :, drop : self.length]
+            seen = mine[:, :, drop : self.length]
+            if keep_B is None:
+                out[:B, :, :L] = seen
+            else:
+                torch.index_select(seen, 0, keep_B, out=out[:B, :, :L])
             out[B:, :, :L] = 0  # what a new row does not see; it writes from column L on
             return out
 
-        S = max(self.cross_k[0].size(2), other.cross_k[0].size(2))
+        def cross(mine: list[Tensor], theirs: list[Tensor]) -> list[Tensor]:
+            S = max(mine[0].size(2), theirs[0].size(2))
+            kept = mine if keep_B is None else [a.index_select(0, keep_B) for a in mine]
+            return [torch.cat([_pad_dim(a, 2, S), _pad_dim(o, 2, S)])
+                    for a, o in zip(kept, theirs, strict=True)]  # fmt: skip
+
         return KVCache(
             [stack(k) for k in self.self_k],
             [stack(v) for v in self.self_v],
-            [torch.cat([_pad_dim(a, 2, S), _pad_dim(o, 2, S)])
-             for a, o in zip(self.cross_k, other.cross_k, strict=True)],
-            [torch.cat([_pad_dim(a, 2, S), _pad_dim(o, 2, S)])
-             for a, o in zip(self.cross_v, other.cross_v, strict=True)],
+            cross(self.cross_k, other.cross_k),
+            cross(self.cross_v, other.cross_v),
             L,
             start_B=torch.cat([start - drop, torch.full((b,), L, dtype=torch.long,
                                                          device=device)]),

@@ -34,13 +34,20 @@ class RowSearch:
 
     `add(src_BS)` encodes sentences and gives them row ids (0, 1, ... in order of arrival);
     `step()` extends every live row by one token and returns the rows that finished, with their
-    hypotheses. Finished rows leave the batch at once (their memory and cache rows are dropped),
-    so late steps only pay for sentences still being written; `drop(ids)` removes rows nobody
-    waits for. Rows added while others run (continuous batching: a server admits new sentences
-    at every step) join the cache at its current column (`KVCache.join`): each row keeps its
-    own step, position and limits, and gets the hypothesis it gets alone, up to rounding.
+    hypotheses. Finished rows leave the batch (their memory and cache rows are dropped; see
+    `compact`), so late steps only pay for sentences still being written; `drop(ids)` removes
+    rows nobody waits for. Rows added while others run (continuous batching: a server admits
+    new sentences at every step) join the cache at its current column (`KVCache.join`): each
+    row keeps its own step, position and limits, and gets the hypothesis it gets alone, up to
+    rounding.
     Observing (`on_step`) and `use_cache=False` need every row at the same step: no joins.
     Rows r * per_sent .. (r + 1) * per_sent - 1 are one sentence's (for the observer).
+
+    `compact` > 0 lets finished (or dropped) rows stay in the batch, stepped but ignored,
+    until they are more than that share of it (or until the next `add`, whose copy of the
+    cache leaves them out): with many rows, some row ends at almost every step, and copying
+    the whole cache each time costs more than stepping a few dead rows. 0 (the classic
+    search) removes them at once.
     """
 
     def __init__(
@@ -53,13 +60,17 @@ class RowSearch:
         on_step: OnStep | None = None,
         kind: str = "greedy",
         per_sent: int = 1,
+        compact: float = 0.0,
     ) -> None:
         check_decode_config(cfg)
+        if compact and on_step is not None:
+            raise ValueError("an observed search removes finished rows at once (compact=0)")
+        self.compact = compact
         self.model, self.cfg, self.pick = model, cfg, pick
         self.use_cache, self.on_step, self.kind, self.per_sent = use_cache, on_step, kind, per_sent
         self.steps = 0  # steps taken by this search (rows that joined late have taken fewer)
         self.next_id = 0
-        self.live = 0
+        self.live = 0  # rows still being written (the batch may also hold dead ones)
 
     def add(self, src_BS: Tensor) -> list[int]:
         """Encode `src_BS` (right-padded ids) and let its rows take part from the next step."""
@@ -76,19 +87,23 @@ class RowSearch:
             "t_r": torch.zeros(b, dtype=torch.long, device=device),
             "log_prob_r": torch.zeros(b, dtype=torch.float64, device=device),
             "tok_r1": src_BS.new_full((b, 1), special.bos_id),
+            "alive_r": torch.ones(b, dtype=torch.bool, device=device),
         }
         T = int(limit_b.max())
         if self.live == 0:  # a fresh batch: the paper's search, every row at step 0
-            self.memory = memory
             self.cache = self.model.init_cache(memory, T) if self.use_cache else None
+            self.memory = memory.mask_only() if self.use_cache else memory
             self.out_rT = src_BS.new_full((b, T), special.pad_id)
             self.__dict__.update(state)
         else:
             if self.on_step is not None or self.cache is None:
                 raise ValueError("rows can join a running search only with the cache, unobserved")
             fresh = self.model.init_cache(memory, 1)  # its cross K/V; self K/V come from join
-            self.cache = self.cache.join(fresh, T)
-            self.memory = self.memory.join(memory)
+            keep_r = None if bool(self.alive_r.all()) else self.alive_r.nonzero()[:, 0]
+            self.cache = self.cache.join(fresh, T, keep_r)  # dead rows are left out
+            if keep_r is not None:
+                self._select(keep_r)
+            self.memory = self.memory.join(memory.mask_only())
             width = max(self.out_rT.size(1), T)
             self.out_rT = torch.cat([
                 _pad_cols(self.out_rT, width, special.pad_id),
@@ -105,9 +120,12 @@ class RowSearch:
     log_prob_r: Tensor  # float64
     tok_r1: Tensor  # its last token (BOS before its first step)
     out_rT: Tensor  # its tokens (PAD beyond t_r)
+    alive_r: Tensor  # False: finished or dropped, stepped until the batch is compacted
 
     def step(self) -> list[tuple[int, Hypothesis]]:
         """One token for every live row; the (id, hypothesis) of each row that finished."""
+        if not self.live:  # every row ended or was dropped
+            return []
         model, cfg, special = self.model, self.cfg, self.model.cfg
         t = self.steps
         check_stop(t)
@@ -122,13 +140,14 @@ class RowSearch:
         forbid(lp_rV, special, self.t_r < cfg.min_len)
         next_r, lp_r = self.pick(lp_rV, self.ids_r, self.t_r)
         is_eos_r = next_r == special.eos_id
-        done_r = is_eos_r | (self.t_r + 1 >= self.limit_r)
+        done_r = (is_eos_r | (self.t_r + 1 >= self.limit_r)) & self.alive_r
         if self.on_step is not None:
             before = SingleRows(self.ids_r, self.out_rT[:, :t], self.log_prob_r, self.per_sent)
             picked = (next_r, lp_r, is_eos_r, done_r)
             self.on_step(single_view(self.kind, t, cfg.alpha, before, logits_rV, lp_rV, picked))
         self.log_prob_r += lp_r.double()
-        self.out_rT.scatter_(1, self.t_r[:, None], next_r[:, None])
+        at_r = self.t_r.clamp(max=self.out_rT.size(1) - 1)  # dead rows may run past their end
+        self.out_rT.scatter_(1, at_r[:, None], next_r[:, None])
         self.t_r = self.t_r + 1
         self.steps += 1
         self.tok_r1 = next_r[:, None]
@@ -140,26 +159,35 @@ class RowSearch:
                 hyp = Hypothesis(self.out_rT[r, :n].tolist(), lp, lp / length_penalty(n + eos,
                                  cfg.alpha), eos)  # fmt: skip
                 finished.append((int(self.ids_r[r]), hyp))
-            self._keep((~done_r).nonzero()[:, 0])
+            self._retire(done_r)
         return finished
 
     def drop(self, ids: set[int]) -> None:
         """Rows whose result nobody waits for any more leave the batch."""
         if self.live and ids:
-            gone_r = torch.tensor([i in ids for i in self.ids_r.tolist()], dtype=torch.bool)
+            gone = [i in ids for i in self.ids_r.tolist()]
+            gone_r = torch.tensor(gone, dtype=torch.bool, device=self.ids_r.device)
+            gone_r &= self.alive_r
             if bool(gone_r.any()):
-                self._keep((~gone_r).nonzero()[:, 0].to(self.ids_r.device))
+                self._retire(gone_r)
 
-    def _keep(self, keep_r: Tensor) -> None:
-        self.live = len(keep_r)
+    def _retire(self, ended_r: Tensor) -> None:
+        """Rows `ended_r` are dead; the batch is compacted when too many are."""
+        self.alive_r = self.alive_r & ~ended_r
+        self.live = int(self.alive_r.sum())
         if self.live == 0:  # the next `add` starts afresh
             self.memory = self.cache = None  # type: ignore[assignment]
-            return
-        for name in ("ids_r", "limit_r", "t_r", "log_prob_r", "tok_r1", "out_rT"):
+        elif len(self.alive_r) - self.live > self.compact * len(self.alive_r):
+            keep_r = self.alive_r.nonzero()[:, 0]
+            self._select(keep_r)
+            if self.cache is not None:
+                self.cache = self.cache.index_select(keep_r, cross=True)
+
+    def _select(self, keep_r: Tensor) -> None:
+        """Keep rows `keep_r` of the row state and memory (the cache is the caller's)."""
+        for name in ("ids_r", "limit_r", "t_r", "log_prob_r", "tok_r1", "out_rT", "alive_r"):
             setattr(self, name, getattr(self, name)[keep_r])
         self.memory = self.memory.index_select(keep_r)
-        if self.cache is not None:
-            self.cache = self.cache.index_select(keep_r, cross=True)
 
 
 def _pad_cols(x_RT: Tensor, width: int, value: int) -> Tensor:

@@ -30,7 +30,10 @@ class Decodable(Protocol):
 
     def decode_step(
         self, tokens_BT: Tensor, memory: Memory, cache: KVCache
-    ) -> tuple[Tensor, KVCache]: ...
+    ) -> tuple[Tensor, KVCache]:
+        """Reads `memory.keep_BS` only: the cross K/V of `memory.out_BSD` are in `cache`
+        (searches pass `Memory.mask_only()`)."""
+        ...
 
 
 @contextlib.contextmanager
