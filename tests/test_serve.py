@@ -497,3 +497,26 @@ def test_running_searches_share_one_bound_on_rows_in_flight(translator):
     for job, cfg in jobs:
         expected = translator.translate_hyps(job.lines, cfg)
         assert [r[0].text for r in job.future.result(0)] == [e[0].text for e in expected]
+
+
+def test_a_running_search_admits_one_sentence_of_each_waiting_request_in_turn(translator):
+    """A one-sentence request that arrives behind long ones is admitted with their first
+    sentences, not after all of them; every request still gets its own translations."""
+    from aiayn.serve.streams import Streams
+
+    streams = Streams(translator, 4, lambda stats: None)
+    cfg = translator.settings()
+    long_a, long_b = (Job(["two", "seven", "nine", "ten", "six"], cfg, time.monotonic() + 60)
+                      for _ in range(2))  # fmt: skip
+    single = Job(["forty-two"], cfg, time.monotonic() + 60)
+    for job in (long_a, long_b, single):
+        streams.take(job, cfg)
+    (stream,) = streams._streams.values()
+    streams.step()  # admits 4 rows: one of each request, then long_a's second
+    admitted = [entry.job for entry, _, _ in stream.rows.values()]
+    assert admitted.count(single) == 1 and admitted.count(long_b) == 1
+    while streams:
+        streams.step()
+    for job in (long_a, long_b, single):
+        expected = translator.translate_hyps(job.lines, cfg)
+        assert [r[0].text for r in job.future.result(0)] == [e[0].text for e in expected]

@@ -3,12 +3,14 @@
 Jobs whose settings are greedy (beam 1, one hypothesis, no sampling) do not wait for turns:
 each set of settings has one running search (`aiayn.search.rows.RowSearch`) that the model
 worker steps. Between two steps the sentences queued meanwhile join it, their encoder run and
-their cache rows added, up to `max_rows` rows in flight over all the searches; a sentence
-leaves at the step it ends, and its request is answered when its last sentence has. So a short
-request never waits for a long one to finish, and the batch stays full while clients send their
-next requests. Rows with different settings run as separate searches (their limits and length
-penalty differ; one search per setting keeps each search the paper's). Rows of requests that
-are gone (client left, deadline passed) leave before the next step.
+their cache rows added, up to `max_rows` rows in flight over all the searches, one sentence
+of each waiting request in turn (so a short request does not queue behind every sentence of
+the long ones); a sentence leaves at the step it ends, and its request is answered when its
+last sentence has. So a short request never waits for a long one to finish, and the batch
+stays full while clients send their next requests. Rows with different settings run as
+separate searches (their limits and length penalty differ; one search per setting keeps each
+search the paper's). Rows of requests that are gone (client left, deadline passed) leave
+before the next step.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 COMPACT = 0.25
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a request waits in a dict
 class _Entry:
     """A job in a continuous search: its results so far and how many lines are left."""
 
@@ -48,7 +50,9 @@ class _Stream:
 
     run: RowSearch
     entries: list[_Entry] = field(default_factory=list)
-    waiting: deque[tuple[_Entry, int, list[int]]] = field(default_factory=deque)  # not admitted
+    # Sentences not admitted yet, by request (in order of arrival): line number, token ids.
+    waiting: dict[_Entry, deque[tuple[int, list[int]]]] = field(default_factory=dict)
+    n_waiting: int = 0
     rows: dict[int, tuple[_Entry, int, int]] = field(default_factory=dict)  # row -> line, tokens
     seconds: float = 0.0  # model time not yet reported
     sharing: set[int] = field(default_factory=set)  # requests in the batch since that report
@@ -56,6 +60,23 @@ class _Stream:
     @property
     def busy(self) -> bool:
         return bool(self.entries)
+
+
+def _take_in_turn(stream: _Stream, n: int) -> list[tuple[_Entry, int, list[int]]]:
+    """Up to `n` waiting sentences, one from each waiting request in turn (oldest first): a
+    one-sentence request then waits behind at most one sentence of each request before it, not
+    behind all of their sentences, and every request still advances at the same pace."""
+    out: list[tuple[_Entry, int, list[int]]] = []
+    while stream.waiting and len(out) < n:
+        for entry in list(stream.waiting):
+            if len(out) == n:
+                break
+            lines = stream.waiting.pop(entry)
+            out.append((entry, *lines.popleft()))
+            if lines:  # back in line after the others
+                stream.waiting[entry] = lines
+    stream.n_waiting -= len(out)
+    return out
 
 
 class Streams:
@@ -95,7 +116,8 @@ class Streams:
             run = RowSearch(self.translator.model, cfg, compact=COMPACT)
             stream = self._streams[cfg] = _Stream(run)
         stream.entries.append(entry)
-        stream.waiting.extend((entry, i, x) for i, x in zip(todo, ids, strict=True))
+        stream.waiting[entry] = deque(zip(todo, ids, strict=True))
+        stream.n_waiting += len(todo)
 
     def _step(self, stream: _Stream, aborting: bool) -> None:
         """Admit waiting sentences (up to `max_rows` rows in flight over all searches), run one
@@ -106,7 +128,8 @@ class Streams:
             for e in gone:
                 drop(e.job)
             stream.entries = [e for e in stream.entries if e not in gone]
-            stream.waiting = deque(w for w in stream.waiting if w[0] not in gone)
+            for e in gone:
+                stream.n_waiting -= len(stream.waiting.pop(e, ()))
             rows = {r for r, (e, _, _) in stream.rows.items() if e in gone}
             stream.run.drop(rows)
             for r in rows:
@@ -117,9 +140,8 @@ class Streams:
         # One bound for all running searches: many distinct settings must not multiply the
         # rows (and cache memory) in flight.
         free = self.max_rows - sum(s.run.live for s in self._streams.values())
-        if free >= min(len(stream.waiting), max(1, self.max_rows // 4)):
-            while stream.waiting and len(admit) < free:
-                admit.append(stream.waiting.popleft())
+        if free >= min(stream.n_waiting, max(1, self.max_rows // 4)):
+            admit = _take_in_turn(stream, free)
         t0 = time.monotonic()
         try:
             with inference(self.translator.model), self.translator.precision.autocast():
@@ -134,6 +156,8 @@ class Streams:
             for entry in stream.entries:
                 settle(entry.job.future, error=e)
             stream.entries.clear()
+            stream.waiting.clear()
+            stream.n_waiting = 0
             return
         stream.seconds += time.monotonic() - t0
         done = []
