@@ -7,9 +7,11 @@ threads as an aiayn run, so that every claim against it is re-run with one comma
   of `--vocab-size` pieces is trained on the training text as `aiayn train` would);
 - aiayn's batches: `aiayn.text.data.batch_plan`, padded size <= `--max-tokens`, pairs over
   `--max-len` tokens dropped, shuffled per epoch;
-- `MarianConfig` at its defaults (GELU FFN, no embedding scaling, dropout 0.1, HF's init with
-  std 0.02) but for the size (d_model 256, 4 heads, 3+3 layers, FFN 1024) and the vocabulary's
-  special ids;
+- `MarianConfig` at its defaults (GELU FFN, dropout 0.1, HF's init with std 0.02) but for the
+  size (d_model 256, 4 heads, 3+3 layers, FFN 1024), the vocabulary's special ids and
+  `scale_embedding=True` (embeddings x sqrt(d_model), as in the paper, Marian and every
+  Helsinki-NLP opus-mt config; `--no-scale-embedding` keeps HF's default, under which the
+  std-0.02 token embeddings are drowned by sinusoidal positions of amplitude 1);
 - AdamW(betas 0.9, 0.98), inverse-sqrt schedule with `--warmup` steps to a peak of `--lr`,
   label smoothing 0.1 (PyTorch's cross-entropy), gradient clipping 1.0;
 - bf16 autocast where the CPU (or GPU) has native bf16, as aiayn's `dtype = "auto"` chooses;
@@ -58,6 +60,7 @@ def build_model(tok: Tokenizer, args: argparse.Namespace) -> torch.nn.Module:
         max_position_embeddings=max(args.max_len, 256) + 64,
         pad_token_id=tok.pad_id, eos_token_id=tok.eos_id, bos_token_id=tok.bos_id,
         decoder_start_token_id=tok.bos_id, forced_eos_token_id=None,
+        scale_embedding=args.scale_embedding,
     )  # fmt: skip
     return MarianMTModel(cfg)
 
@@ -144,6 +147,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--ffn", type=int, default=1024)
+    p.add_argument("--no-scale-embedding", dest="scale_embedding", action="store_false",
+                   help="HF's default: embeddings not scaled by sqrt(d_model)")  # fmt: skip
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto")
@@ -221,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   "parameters": sum(p.numel() for p in model.parameters())},
         "recipe": {"lr": args.lr, "warmup": args.warmup, "max_tokens": args.max_tokens,
                    "label_smoothing": args.label_smoothing, "clip": args.clip,
-                   "betas": [0.9, 0.98]},
+                   "betas": [0.9, 0.98], "scale_embedding": args.scale_embedding},
         "precision": precision.why, "decoding": decoding.why, "threads": args.threads,
         "cpu": cpu_name(),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
