@@ -10,6 +10,12 @@ one-sentence requests one after another on the idle server; then `--clients` cli
 `--singles` one-sentence requests one after another. Reported: the singles' p50/p90/p99 idle
 and under load (and their ratio), and the long requests' sentences/s while it lasted.
 Goal (issue 22): p90 under load <= 3x idle, without lowering the long requests' throughput.
+
+Also measured, in-process after the servers have stopped (`model_floor`): the model time a
+short sentence takes alone, and sharing every step with `--clients` x 8 long sentences (the
+batch the load keeps full), one greedy search (`RowSearch`), same threads. Their ratio is
+what continuous batching cannot go under when it keeps the long requests' batch full: each
+step costs what the whole batch costs, before any HTTP, queueing or encoder work.
 """
 
 from __future__ import annotations
@@ -23,7 +29,12 @@ from datetime import date
 from pathlib import Path
 
 import httpx
+import torch
 from serve_load import cpu_name, launch, percentiles, turn_flags
+
+from aiayn.search.rows import RowSearch
+from aiayn.search.step import inference
+from aiayn.translate.translator import Translator
 
 
 async def singles(client: httpx.AsyncClient, lines: list[str], n: int) -> list[float]:
@@ -69,6 +80,37 @@ async def measure(url: str, short: list[str], long: list[str], args: argparse.Na
             "long_sentences_per_s": round(long_sentences / wall, 1)}  # fmt: skip
 
 
+def model_floor(model: Path, short: list[str], long: list[str], args: argparse.Namespace) -> dict:
+    """Median seconds for short sentences to finish alone, and in one batch with the
+    clients x 8 long ones (added at the same step), over `--singles` short sentences."""
+    torch.set_num_threads(args.threads)
+    translator = Translator.load(model, device="cpu")
+    _, long_ids = translator.encode_lines([long[i % len(long)] for i in range(8 * args.clients)])
+
+    def finish_s(line: str, others: list[list[int]]) -> tuple[float, int]:
+        run = RowSearch(translator.model, translator.settings())
+        (ids,) = translator.encode_lines([line])[1]
+        with inference(translator.model), translator.precision.autocast():
+            run.add(translator.pad([ids, *others]))
+            t0, steps = time.perf_counter(), 0
+            while True:
+                steps += 1
+                if any(row == 0 for row, _ in run.step()):
+                    return time.perf_counter() - t0, steps
+
+    finish_s(short[0], long_ids)  # warm up
+    alone, shared, steps = [], [], []
+    for i in range(args.singles):
+        line = short[i % len(short)]
+        alone.append(finish_s(line, [])[0])
+        t, n = finish_s(line, long_ids)
+        shared.append(t)
+        steps.append(n)
+    a, b = sorted(alone)[len(alone) // 2], sorted(shared)[len(shared) // 2]
+    return {"rows_shared": 1 + len(long_ids), "median_steps": sorted(steps)[len(steps) // 2],
+            "alone_s": round(a, 5), "shared_s": round(b, 5), "ratio": round(b / a, 2)}  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, required=True)
@@ -105,9 +147,10 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(60)
+    floor = model_floor(args.model, short, long, args)
     print(json.dumps({"cpu": cpu_name(), "date": str(date.today()), "model": str(args.model),
-                      "clients": args.clients, "threads": args.threads, "runs": runs},
-                     indent=1))  # fmt: skip
+                      "clients": args.clients, "threads": args.threads, "runs": runs,
+                      "model_floor": floor}, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":
