@@ -24,13 +24,14 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import time
 from datetime import date
 from pathlib import Path
 
 import httpx
 import torch
-from serve_load import cpu_name, launch, percentiles, turn_flags
+from serve_load import add_cpu_flags, cpu_name, launch, percentiles, turn_flags
 
 from aiayn.search.rows import RowSearch
 from aiayn.search.step import inference
@@ -132,7 +133,10 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=16, help="clients sending long requests")
     p.add_argument("--singles", type=int, default=60, help="one-sentence requests timed")
     p.add_argument("--threads", type=int, default=1)
+    add_cpu_flags(p)
     args = p.parse_args()
+    if args.client_cpus:
+        os.sched_setaffinity(0, args.client_cpus)
     corpus_path = args.corpus or args.model.parent / "data" / "test.en"
     corpus = [s for s in corpus_path.read_text(encoding="utf-8").splitlines() if s.strip()]
     by_length = sorted(corpus, key=len)
@@ -140,13 +144,16 @@ def main() -> None:
     runs = []
     for batching, rows in itertools.product(args.batching, args.chunk_rows):
         proc, url = launch(args.model, ["--threads", str(args.threads), "--timeout", "300",
-                                        "--batching", batching, *turn_flags(rows)])  # fmt: skip
+                                        "--batching", batching, *turn_flags(rows)],
+                           args.server_cpus)  # fmt: skip
         try:
             found = asyncio.run(measure(url, short, long, args))
             runs.append({"batching": batching, "chunk_rows": rows, **found})
         finally:
             proc.terminate()
             proc.wait(60)
+    if args.server_cpus:  # the in-process floor where the server ran
+        os.sched_setaffinity(0, args.server_cpus)
     floor = model_floor(args.model, short, long, args)
     print(json.dumps({"cpu": cpu_name(), "date": str(date.today()), "model": str(args.model),
                       "clients": args.clients, "threads": args.threads, "runs": runs,

@@ -4,6 +4,11 @@ an `aiayn export` directory (CTranslate2, ONNX Runtime): then both sides run its
 
     python bench/serve_load.py --model quickstart/model            # corpus: quickstart/data/test.en
     python bench/serve_load.py --model M --corpus FILE --sigterm-at 500
+    python bench/serve_load.py --model M --threads 1 --server-cpus 0 --client-cpus 1
+
+`--server-cpus` pins the server (and the in-process side, which runs after it) and
+`--client-cpus` the load generator: on a shared core the clients' own CPU time is taken from
+the server's, most of it at 128 clients.
 
 The server runs as a subprocess on a free loopback port (`python -m aiayn serve`). Reported:
 errors (any answer but 200, any failed request), latency percentiles (all requests and the
@@ -65,7 +70,23 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     return launch(args.model, ["--threads", str(args.threads), "--window-ms", str(args.window_ms),
                                "--max-sentences", "64", "--timeout", "120", "--max-queue",
                                "100000", "--batching", args.batching,
-                               *turn_flags(args.chunk_rows)])  # fmt: skip
+                               *turn_flags(args.chunk_rows)], args.server_cpus)  # fmt: skip
+
+
+def cpu_set(text: str) -> set[int]:
+    """'0' or '0,2' -> {0} or {0, 2} (for os.sched_setaffinity)."""
+    try:
+        return {int(c) for c in text.split(",")}
+    except ValueError:
+        msg = f"expected CPU numbers like 0 or 0,2, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+
+
+def add_cpu_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server-cpus", type=cpu_set, help="pin the server, and the in-process "
+                   "side after it, to these CPUs (e.g. 0)")  # fmt: skip
+    p.add_argument("--client-cpus", type=cpu_set, help="pin the load generator (this process, "
+                   "while the load runs) to these CPUs (e.g. 1), off the server's")  # fmt: skip
 
 
 def turn_flags(chunk_rows: int) -> list[str]:
@@ -76,12 +97,16 @@ def turn_flags(chunk_rows: int) -> list[str]:
     return ["--chunk-rows", str(chunk_rows)]
 
 
-def launch(model: Path, flags: list[str]) -> tuple[subprocess.Popen, str]:
-    """`python -m aiayn serve --model MODEL --port 0 --no-access-log FLAGS`: (process, URL)."""
+def launch(
+    model: Path, flags: list[str], cpus: set[int] | None = None
+) -> tuple[subprocess.Popen, str]:
+    """`python -m aiayn serve --model MODEL --port 0 --no-access-log FLAGS`: (process, URL),
+    pinned to `cpus` if given."""
     cmd = [sys.executable, "-m", "aiayn", "serve", "--model", str(model), "--port", "0",
            "--no-access-log", *flags]  # fmt: skip
     err = tempfile.TemporaryFile("w+")  # noqa: SIM115  (read only when the server fails)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, preexec_fn=pin)
     while line := proc.stdout.readline():
         if m := re.search(r"on (http://127\.0\.0\.1:\d+)/", line):
             return proc, m.group(1)
@@ -174,7 +199,10 @@ def main() -> None:
     p.add_argument("--sigterm-at", type=int, default=0, help="SIGTERM after this many answers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reps", type=int, default=2, help="in-process runs; the fastest counts")
+    add_cpu_flags(p)
     args = p.parse_args()
+    if args.client_cpus:
+        os.sched_setaffinity(0, args.client_cpus)
     corpus_path = args.corpus or args.model.parent / "data" / "test.en"
     corpus = [s for s in corpus_path.read_text(encoding="utf-8").splitlines() if s.strip()]
     requests = make_requests(corpus, args.requests, args.most, args.seed)
@@ -203,6 +231,8 @@ def main() -> None:
     # In-process, after the server has gone: the same sentences in one call.
     import torch
 
+    if args.server_cpus:  # where the server ran
+        os.sched_setaffinity(0, args.server_cpus)
     from aiayn.interop.engines import load_translator
     from aiayn.interop.export_dir import is_export_dir
     from aiayn.translate.translator import Translator
@@ -239,6 +269,8 @@ def main() -> None:
     m = run["metrics"]
     report = {
         "cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "server_cpus": sorted(args.server_cpus or []),
+        "client_cpus": sorted(args.client_cpus or []),
         "model": str(args.model), "corpus": str(corpus_path), "requests": len(requests),
         "concurrency": args.concurrency, "sentences": len(every), "window_ms": args.window_ms,
         "chunk_rows": args.chunk_rows, "batching": args.batching,
