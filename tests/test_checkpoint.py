@@ -78,6 +78,8 @@ def test_checkpoints_are_whole_listed_in_order_and_pruned(tiny_cfg, tmp_path):
         "step_00000020",
     ]
     prune_checkpoints(tmp_path, 2)
+    save_checkpoint(tmp_path, model, opt, {**state, "step": 20}, {"torch": torch.zeros(3)})
+    assert not (tmp_path / "checkpoints" / ".tmp_step_00000025").exists()  # cleared by a save
     kept = list_checkpoints(tmp_path)
     assert [p.name for p in kept] == ["step_00000015", "step_00000020"]
     tensors, saved = load_checkpoint_state(kept[-1])

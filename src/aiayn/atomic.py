@@ -119,7 +119,11 @@ def remove_dir(path: Path) -> None:
 def clear_stale(directory: Path, name_glob: str) -> None:
     """Remove what a killed `atomic_dir` or `remove_dir` left beside directories matching
     `name_glob`: their temporary and trash siblings. Only for a directory with one writer."""
-    for stale in [*directory.glob(f".{name_glob}.tmp"), *directory.glob(f".trash_{name_glob}")]:
+    for stale in [
+        *directory.glob(f".{name_glob}.tmp"),
+        *directory.glob(f".trash_{name_glob}"),
+        *directory.glob(f".tmp_{name_glob}"),  # older aiayn's checkpoint temporaries
+    ]:
         shutil.rmtree(stale, ignore_errors=True)
 
 
