@@ -11,16 +11,15 @@ an `aiayn export` directory (CTranslate2, ONNX Runtime): then both sides run its
 the server's, most of it at 128 clients.
 
 The server runs as a subprocess on a free loopback port (`python -m aiayn serve`). Reported:
-errors (any answer but 200, any failed request), latency percentiles (all requests and the
-single-sentence ones), served sentences/s over the whole load, the in-process sentences/s of
-`Translator.translate_hyps` on all the sentences at once (after the server has stopped, so the
-two never share the CPU; the fastest of `--reps` runs), their ratio, the in-process figure at
-the batch the load offers (the sentences of the requests in flight, at most `--chunk-rows`,
-in arrival order), how many served
-translations differ from the in-process ones, and the server's merged batch sizes (/metrics).
-Throughput is also given per CPU second (the server process's user + system time over the load,
-against the in-process call's), which other jobs on a shared machine disturb far less than
-wall time.
+errors (any answer but 200, any failed request), latency percentiles (all requests, the single-
+sentence ones, and by request size), served sentences/s over the whole load, the in-process
+sentences/s of `Translator.translate_hyps` on all the sentences at once (after the server has
+stopped, so the two never share the CPU; the fastest of `--reps` runs), their ratio, the in-
+process figure at the batch the load offers (the sentences of the requests in flight, at most
+`--chunk-rows`, in arrival order), how many served translations differ from the in-process
+ones, and the server's merged batch sizes (/metrics). Throughput is also given per CPU second
+(the server process's user + system time over the load, against the in-process call's), which
+other jobs on a shared machine disturb far less than wall time.
 
 `--sigterm-at N` sends SIGTERM once N answers have come back: requests refused after that
 (or written into a keep-alive connection as the server closed it, unread) are counted, not
@@ -277,6 +276,10 @@ def main() -> None:
         "errors": len(errors), "error_kinds": sorted(set(map(str, errors))),
         "answered_200": len(ok), "latency_s": percentiles([r["seconds"] for r in ok]),
         "single_sentence_latency_s": percentiles(single), "single_sentence_requests": len(single),
+        "latency_by_request_size_s": {
+            n: percentiles([r["seconds"] for r, q in zip(results, requests, strict=True)
+                            if r and r["status"] == 200 and len(q) == n])
+            for n in sorted({len(q) for q in requests})},
         "wall_s": round(run["wall"], 2), "served_sentences_per_s": round(served_rate, 1),
         "in_process_sentences_per_s": round(local_rate, 1),
         "served_over_in_process": round(served_rate / local_rate, 3),
