@@ -11,12 +11,12 @@ an `aiayn export` directory (CTranslate2, ONNX Runtime): then both sides run its
 the server's, most of it at 128 clients.
 
 The server runs as a subprocess on a free loopback port (`python -m aiayn serve`). Reported:
-errors (any answer but 200, any failed request), latency percentiles (all requests, the single-
-sentence ones, and by request size), served sentences/s over the whole load, the in-process
-sentences/s of `Translator.translate_hyps` on all the sentences at once (after the server has
-stopped, so the two never share the CPU; the fastest of `--reps` runs), their ratio, the in-
-process figure at the batch the load offers (the sentences of the requests in flight, at most
-`--chunk-rows`, in arrival order), how many served translations differ from the in-process
+errors (any answer but 200, any failed request), latency percentiles (all requests, the
+single-sentence ones, and by request size), served sentences/s over the whole load, the
+in-process sentences/s of `Translator.translate_hyps` on all the sentences at once (after the
+server has stopped, so the two never share the CPU; the fastest of `--reps` runs), their ratio,
+the in-process figure at the batch the load offers (the sentences of the requests in flight, at
+most `--chunk-rows`, in arrival order), how many served translations differ from the in-process
 ones, and the server's merged batch sizes (/metrics). Throughput is also given per CPU second
 (the server process's user + system time over the load, against the in-process call's), which
 other jobs on a shared machine disturb far less than wall time.
