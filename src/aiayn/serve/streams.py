@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 # Rows that ended stay in their search until they are a quarter of it: with many rows one ends
 # at almost every step, and copying the cache each time cost more than the dead rows' steps.
+# (So the searches hold at most a third more rows, and cache, than the `max_rows` in flight.)
 COMPACT = 0.25
 
 
