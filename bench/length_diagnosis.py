@@ -41,8 +41,9 @@ from pathlib import Path
 import torch
 
 from aiayn.config import DecodeConfig
-from aiayn.search import decode
+from aiayn.search.beam import BeamSearch
 from aiayn.search.settings import Hypothesis, length_penalty
+from aiayn.search.views import TopK, ending_candidates
 from aiayn.text.batches import Example, collate
 from aiayn.translate.metrics import bleu
 from aiayn.translate.translator import Translator, read_file_lines
@@ -85,35 +86,28 @@ def forced_scores(translator: Translator, srcs: Sequence[str], refs: Sequence[st
     }
 
 
-def _set_aside_all(
-    ended: list[list[Hypothesis]],
-    sents: list[int],
-    t: int,
-    cfg: DecodeConfig,
-    last: list[bool],
-    tokens_rT: torch.Tensor,
-    top: decode._TopK,
-) -> list[bool]:
-    """decode._set_aside without early termination: keep every ended hypothesis, and a
+def _set_aside_all(self: BeamSearch, last: list[bool], top: TopK) -> list[bool]:
+    """BeamSearch._set_aside without early termination: keep every ended hypothesis, and a
     sentence is done only at its length limit."""
-    n = tokens_rT.size(0) // len(sents)
-    for i, j in decode._ends(top, last, cfg.beam_size).nonzero().tolist():
-        eos = bool(top.is_eos_bC[i, j])
+    n, t_b = self.scores_bn.size(1), self.t_b.tolist()
+    for i, j in ending_candidates(top, last, self.N).nonzero().tolist():
+        eos, t = bool(top.is_eos_bC[i, j]), t_b[i]
         row = i * n + int(top.beam_bC[i, j])
-        toks = tokens_rT[row, 1 : t + 1].tolist() + ([] if eos else [int(top.tok_bC[i, j])])
+        toks = self.tokens_rT[row, 1 : t + 1].tolist() + ([] if eos else [int(top.tok_bC[i, j])])
         lp = float(top.scores_bC[i, j])
-        ended[sents[i]].append(Hypothesis(toks, lp, lp / length_penalty(t + 1, cfg.alpha), eos))
+        hyp = Hypothesis(toks, lp, lp / length_penalty(t + 1, self.cfg.alpha), eos)
+        self.ended[self.sents[i]].append(hyp)
     return list(last)
 
 
 @contextlib.contextmanager
 def no_early_termination() -> Iterator[None]:
-    original = decode._set_aside
-    decode._set_aside = _set_aside_all  # type: ignore[assignment]
+    original = BeamSearch._set_aside
+    BeamSearch._set_aside = _set_aside_all  # type: ignore[method-assign]
     try:
         yield
     finally:
-        decode._set_aside = original
+        BeamSearch._set_aside = original  # type: ignore[method-assign]
 
 
 def run_search(

@@ -531,6 +531,71 @@ def test_rows_that_join_a_running_search_get_what_they_get_alone(
         assert got[i].score == pytest.approx(want.score, abs=1e-4)
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 9), min_size=2, max_size=6),
+    joins=st.lists(st.integers(0, 6), min_size=6, max_size=6),
+    beam=st.integers(2, 3),
+    min_len=st.integers(0, 1),
+    alpha=st.sampled_from([0.0, 0.6, 2.0]),
+    seed=st.integers(0, 10_000),
+    split_first=st.booleans(),
+    drop_at=st.one_of(st.none(), st.tuples(st.integers(0, 5), st.integers(0, 6))),
+)
+def test_sentences_that_join_a_running_beam_search_get_what_they_get_alone(
+    eos_model: Transformer,
+    lengths: list[int],
+    joins: list[int],
+    beam: int,
+    min_len: int,
+    alpha: float,
+    seed: int,
+    split_first: bool,
+    drop_at: tuple[int, int] | None,
+) -> None:
+    """Continuous batching for beam search: sentences admitted at later steps (N rows each,
+    joining the cache at its current column) end with the N-best lists beam search gives them
+    in a batch of their own, whatever sentence is dropped meanwhile. `split_first`: the first
+    arrivals come in two `add`s before any step (the second finds the first not fanned out)."""
+    from aiayn.search.beam import BeamSearch
+
+    src = random_batch(lengths, seed)
+    cfg = DecodeConfig(beam_size=beam, nbest=beam, max_len_a=1.0, max_len_b=4,
+                       min_len=min_len, alpha=alpha)  # fmt: skip
+    alone = [beam_search(eos_model, src[i : i + 1], cfg)[0] for i in range(len(lengths))]
+    run, order, got = BeamSearch(eos_model, cfg), [], {}
+    pending = sorted(range(len(lengths)), key=lambda i: joins[i])
+    dropped = None
+    with torch.inference_mode():
+        step = 0
+        while pending or run.live:
+            now = [i for i in pending if joins[i] <= step]
+            if not now and not run.live:  # an idle search takes the next arrival at once
+                now = pending[:1]
+            if now:
+                pending = [i for i in pending if i not in now]
+                parts = [now[:1], now[1:]] if split_first and step == 0 else [now]
+                for part in parts:
+                    run.add(src[part])
+                    order += part
+            assert run.live == len(run.sents) * beam
+            if drop_at is not None and drop_at[1] == step and drop_at[0] < len(order):
+                dropped = order[drop_at[0]]
+                run.drop({drop_at[0]})
+            for sent, hyps in run.step():
+                assert order[sent] != dropped and order[sent] not in got  # once, never dropped
+                got[order[sent]] = hyps
+            step += 1
+    if dropped is not None:
+        got.setdefault(dropped, alone[dropped])  # it may have finished before its drop
+    assert sorted(got) == list(range(len(lengths))) and not run.ended
+    for i, want in enumerate(alone):
+        assert [(h.tokens, h.eos) for h in got[i]] == [(h.tokens, h.eos) for h in want]
+        for g, w in zip(got[i], want, strict=True):
+            assert g.log_prob == pytest.approx(w.log_prob, abs=1e-4)
+            assert g.score == pytest.approx(w.score, abs=1e-4)
+
+
 def test_a_joined_cache_grows_and_drops_the_columns_no_row_sees(eos_model: Transformer) -> None:
     from aiayn.search.rows import RowSearch
 

@@ -43,18 +43,18 @@ import torch
 from torch import Tensor
 
 from aiayn.config import DecodeConfig
+from aiayn.search.beam import BeamSearch, run_whole
 from aiayn.search.rows import Pick, RowSearch, pick_best
 from aiayn.search.settings import (
     Hypothesis,
     check_decode_config,
     inverse_cdf_sample,
-    length_penalty,
     sample_seed,
     top_k_filter,
     top_p_filter,
 )
-from aiayn.search.step import Decodable, check_stop, forbid, inference, output_limits
-from aiayn.search.views import BeamState, OnStep, TopK, beam_view, ending_candidates
+from aiayn.search.step import Decodable, inference
+from aiayn.search.views import OnStep
 
 
 def _search_single(
@@ -172,104 +172,13 @@ def _uniforms(seeds: list[int], n: int, T: int) -> Tensor:
 def beam_search(
     model: Decodable, src_BS: Tensor, cfg: DecodeConfig, *, on_step: OnStep | None = None
 ) -> list[list[Hypothesis]]:
-    """Batched beam search: every sentence's beams in one (B * N)-row tensor (§6.1).
-
-    Each step scores all N * V extensions of a sentence's beams by cumulative log-probability
-    and takes the 2N best. An EOS among the N best ends a hypothesis, which is set aside with
-    its length-penalised score and never extended; the N best non-EOS extensions stay alive.
-    A sentence is done (early termination, as in fairseq) once N hypotheses have ended, or when
-    its beams reach its length limit, where the N best candidates end as they are. Done
-    sentences leave the batch. Returns, per sentence, the `cfg.nbest` best by score.
-    `on_step` is called with a `StepView` after every step (module docstring).
+    """Batched beam search: every sentence's beams in one (B * N)-row tensor (§6.1), each
+    step's 2N best candidates per sentence, early termination once N hypotheses have ended
+    (`aiayn.search.beam.BeamSearch`, run whole). Returns, per sentence, the `cfg.nbest` best by
+    score. `on_step` is called with a `StepView` after every step (module docstring).
     """
-    check_decode_config(cfg)
     with inference(model):
-        return _beam_search(model, src_BS, cfg, on_step)
-
-
-def _beam_search(
-    model: Decodable, src_BS: Tensor, cfg: DecodeConfig, on_step: OnStep | None
-) -> list[list[Hypothesis]]:
-    B, N, device, special = src_BS.size(0), cfg.beam_size, src_BS.device, model.cfg
-    if B == 0:
-        return []
-    memory = model.encode(src_BS)
-    max_len_b = output_limits(model, memory, cfg)
-    T = int(max_len_b.max())
-    # The first step feeds only BOS, the same for every beam: it runs on one row per sentence,
-    # and its N best tokens then fan out into N beams (cross-attention K/V copied, not redone).
-    cache = model.init_cache(memory, T)
-    tokens_rT = src_BS.new_full((B, T + 1), special.pad_id)
-    tokens_rT[:, 0] = special.bos_id
-    scores_bn = torch.zeros(B, 1, device=device)  # n = live beams per sentence: 1, then N
-    sents = list(range(B))  # original index of each live sentence
-    ended: list[list[Hypothesis]] = [[] for _ in range(B)]
-    for t in range(T):
-        check_stop(t)
-        b, n = scores_bn.shape
-        logits_rV, cache = model.decode_step(tokens_rT[:, t : t + 1], memory, cache)
-        lp_rV = logits_rV.float().log_softmax(-1)
-        forbid(lp_rV, special, t < cfg.min_len)
-        V = lp_rV.size(-1)
-        cand_bnV = scores_bn[:, :, None] + lp_rV.view(b, n, V)
-        top_bC, idx_bC = cand_bnV.view(b, n * V).topk(min(2 * N, n * V), dim=-1)  # C = 2N
-        tok_bC = idx_bC % V
-        top = TopK(top_bC, idx_bC // V, tok_bC, tok_bC == special.eos_id)
-        last = (t + 1 >= max_len_b).tolist()
-        before = None if on_step is None else [len(ended[s]) for s in sents]
-        done = _set_aside(ended, sents, t, cfg, last, tokens_rT, top)
-        # The N best non-EOS candidates stay alive (a stable sort keeps their score order).
-        alive_bN = top.is_eos_bC.sort(dim=1, stable=True).indices[:, :N]
-        if on_step is not None and before is not None:
-            state = BeamState(sents, tokens_rT, scores_bn, ended, before, last, done)
-            on_step(beam_view(t, cfg, state, logits_rV, lp_rV, top, alive_bN))
-        scores_bn = top_bC.gather(1, alive_bN)
-        parent_bN = top.beam_bC.gather(1, alive_bN) + torch.arange(b, device=device)[:, None] * n
-        parent_r, next_r = parent_bN.view(-1), tok_bC.gather(1, alive_bN).view(-1)
-        if any(done):  # done sentences leave the batch
-            keep_b = torch.tensor([i for i in range(b) if not done[i]], device=device)
-            if len(keep_b) == 0:
-                break
-            sents = [s for s, d in zip(sents, done, strict=True) if not d]
-            keep_r = (keep_b[:, None] * N + torch.arange(N, device=device)).view(-1)
-            parent_r, next_r = parent_r[keep_r], next_r[keep_r]
-            scores_bn, max_len_b = scores_bn[keep_b], max_len_b[keep_b]
-        if any(done) or n != N:
-            memory = memory.index_select(parent_r)
-            cache = cache.index_select(parent_r, cross=True)
-        else:  # beams only move within their sentence: cross-attention K/V stay as they are
-            cache = cache.index_select(parent_r, cross=False)
-        tokens_rT = tokens_rT.index_select(0, parent_r)
-        tokens_rT[:, t + 1] = next_r
-    return [sorted(h, key=lambda h: -h.score)[: cfg.nbest] for h in ended]
-
-
-def _set_aside(
-    ended: list[list[Hypothesis]],
-    sents: list[int],
-    t: int,
-    cfg: DecodeConfig,
-    last: list[bool],
-    tokens_rT: Tensor,
-    top: TopK,
-) -> list[bool]:
-    """Move the hypotheses that end at step t into `ended`; return which sentences are done.
-
-    A sentence keeps at most N ended hypotheses (the first N, in score order within a step).
-    Few end per step, so a Python loop is cheap.
-    """
-    N, alpha = cfg.beam_size, cfg.alpha
-    n = tokens_rT.size(0) // len(sents)
-    for i, j in ending_candidates(top, last, N).nonzero().tolist():
-        s = sents[i]
-        if len(ended[s]) >= N:
-            continue
-        eos = bool(top.is_eos_bC[i, j])
-        row = i * n + int(top.beam_bC[i, j])
-        toks = tokens_rT[row, 1 : t + 1].tolist() + ([] if eos else [int(top.tok_bC[i, j])])
-        lp = float(top.scores_bC[i, j])
-        ended[s].append(Hypothesis(toks, lp, lp / length_penalty(t + 1, alpha), eos))
-    return [last[i] or len(ended[s]) >= N for i, s in enumerate(sents)]
+        return run_whole(BeamSearch(model, cfg, on_step=on_step), src_BS)
 
 
 def search(

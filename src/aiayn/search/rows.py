@@ -106,7 +106,7 @@ class RowSearch:
             self.memory = self.memory.join(memory.mask_only())
             width = max(self.out_rT.size(1), T)
             self.out_rT = torch.cat([
-                _pad_cols(self.out_rT, width, special.pad_id),
+                pad_cols(self.out_rT, width, special.pad_id),
                 src_BS.new_full((b, width), special.pad_id),
             ])  # fmt: skip
             for name, value in state.items():
@@ -190,7 +190,9 @@ class RowSearch:
         self.memory = self.memory.index_select(keep_r)
 
 
-def _pad_cols(x_RT: Tensor, width: int, value: int) -> Tensor:
+def pad_cols(x_RT: Tensor, width: int, value: int) -> Tensor:
+    """`x_RT` with columns of `value` appended up to `width` (a search's token buffer when a
+    joining row needs more room)."""
     if x_RT.size(1) >= width:
         return x_RT
     return torch.cat([x_RT, x_RT.new_full((x_RT.size(0), width - x_RT.size(1)), value)], 1)

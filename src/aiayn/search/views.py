@@ -8,7 +8,7 @@ decided them; tests/test_decode.py checks the two agree.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -160,7 +160,7 @@ class BeamState:
     sents: list[int]
     tokens_rT: Tensor  # BOS, then the live hypotheses' tokens
     scores_bn: Tensor  # their total log-probabilities, before the step
-    ended: list[list[Hypothesis]]  # after the step
+    ended: Mapping[int, list[Hypothesis]]  # by sentence, after the step
     before: list[int]  # how many had ended per live sentence before the step
     last: list[bool]  # which sentences are at their length limit
     done: list[bool]
