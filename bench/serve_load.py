@@ -5,6 +5,7 @@ an `aiayn export` directory (CTranslate2, ONNX Runtime): then both sides run its
     python bench/serve_load.py --model quickstart/model            # corpus: quickstart/data/test.en
     python bench/serve_load.py --model M --corpus FILE --sigterm-at 500
     python bench/serve_load.py --model M --threads 1 --server-cpus 0 --client-cpus 1
+    python bench/serve_load.py --model M --beam 4 [--batching turns]   # beam requests
 
 `--server-cpus` pins the server (and the in-process side, which runs after it) and
 `--client-cpus` the load generator: on a shared core the clients' own CPU time is taken from
@@ -131,7 +132,7 @@ def percentiles(xs: list[float]) -> dict[str, float | None]:
 
 
 async def load(url: str, requests: list[list[str]], concurrency: int, sigterm_at: int,
-               proc: subprocess.Popen) -> dict:  # fmt: skip
+               proc: subprocess.Popen, settings: dict) -> dict:  # fmt: skip
     results: list[dict | None] = [None] * len(requests)
     todo: asyncio.Queue[int] = asyncio.Queue()
     for i in range(len(requests)):
@@ -146,7 +147,8 @@ async def load(url: str, requests: list[list[str]], concurrency: int, sigterm_at
                 i = todo.get_nowait()
                 t0 = time.perf_counter()
                 try:
-                    r = await client.post("/v1/translate", json={"q": requests[i]})
+                    body = {"q": requests[i], **settings}
+                    r = await client.post("/v1/translate", json=body)
                     results[i] = {"status": r.status_code, "seconds": time.perf_counter() - t0,
                                   "texts": [t["text"] for t in r.json()["translations"]]
                                   if r.status_code == 200 else None}  # fmt: skip
@@ -193,7 +195,13 @@ def main() -> None:
         "--batching",
         choices=("continuous", "turns"),
         default="continuous",
-        help="the server's --batching (greedy requests; its default continuous)",
+        help="the server's --batching (greedy and beam requests; its default continuous)",
+    )
+    p.add_argument(
+        "--beam",
+        type=int,
+        default=0,
+        help="every request asks for this beam (default: the model's setting)",
     )
     p.add_argument("--sigterm-at", type=int, default=0, help="SIGTERM after this many answers")
     p.add_argument("--seed", type=int, default=0)
@@ -207,9 +215,10 @@ def main() -> None:
     requests = make_requests(corpus, args.requests, args.most, args.seed)
 
     proc, url = start_server(args)
-    httpx.post(url + "/v1/translate", json={"q": corpus[:8]}, timeout=120)  # warm up
+    settings = {"beam": args.beam} if args.beam else {}
+    httpx.post(url + "/v1/translate", json={"q": corpus[:8], **settings}, timeout=120)  # warm up
     cpu0 = cpu_seconds(proc.pid)
-    run = asyncio.run(load(url, requests, args.concurrency, args.sigterm_at, proc))
+    run = asyncio.run(load(url, requests, args.concurrency, args.sigterm_at, proc, settings))
     server_cpu = cpu_seconds(proc.pid) - cpu0 if proc.poll() is None else None
     if proc.poll() is None and not args.sigterm_at:  # (--sigterm-at has sent it already)
         proc.send_signal(signal.SIGTERM)
@@ -243,19 +252,21 @@ def main() -> None:
     else:
         translator = Translator.load(args.model, device="cpu")
     every = [s for q in requests for s in q]
-    translator.translate_hyps(corpus[:8], translator.cfg)  # warm up
+    cfg = translator.settings(beam=args.beam) if args.beam else translator.cfg
+    translator.translate_hyps(corpus[:8], cfg)  # warm up
     local_s = local_cpu = float("inf")
     for _ in range(args.reps):  # the fastest run: the in-process side gets the benefit of doubt
         t0, c0 = time.perf_counter(), time.process_time()
-        local = translator.translate_hyps(every, translator.cfg)
+        local = translator.translate_hyps(every, cfg)
         local_s = min(local_s, time.perf_counter() - t0)
         local_cpu = min(local_cpu, time.process_time() - c0)
     # The batch the load offers: the sentences of the requests in flight (concurrency x mean
     # request size), at most the server's rows in flight; translated in arrival order.
-    offered = max(1, min(args.chunk_rows, round(args.concurrency * len(every) / len(requests))))
+    rows = max(1, args.chunk_rows // cfg.beam_size)  # sentences the server's rows hold
+    offered = max(1, min(rows, round(args.concurrency * len(every) / len(requests))))
     t0 = time.perf_counter()
     for i in range(0, len(every), offered):
-        translator.translate_hyps(every[i : i + offered], translator.cfg)
+        translator.translate_hyps(every[i : i + offered], cfg)
     offered_rate = len(every) / (time.perf_counter() - t0)
     local_texts, at, differ = [r[0].text for r in local], 0, 0
     for r, q in zip(results, requests, strict=True):
@@ -272,7 +283,7 @@ def main() -> None:
         "client_cpus": sorted(args.client_cpus or []),
         "model": str(args.model), "corpus": str(corpus_path), "requests": len(requests),
         "concurrency": args.concurrency, "sentences": len(every), "window_ms": args.window_ms,
-        "chunk_rows": args.chunk_rows, "batching": args.batching,
+        "chunk_rows": args.chunk_rows, "batching": args.batching, "beam": cfg.beam_size,
         "errors": len(errors), "error_kinds": sorted(set(map(str, errors))),
         "answered_200": len(ok), "latency_s": percentiles([r["seconds"] for r in ok]),
         "single_sentence_latency_s": percentiles(single), "single_sentence_requests": len(single),

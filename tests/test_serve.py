@@ -344,7 +344,8 @@ def test_no_languages_timeout_and_disconnect(served_model_dir, tmp_path):
     shutil.copytree(served_model_dir, bare)
     (bare / "run_config.json").unlink()  # no training files, so no languages
     # The 300 ms window holds every job longer than the 0.2 s timeout: each one times out.
-    s = ServerProcess(bare, "--window-ms", "300", "--timeout", "0.2")
+    # (Turns: under continuous batching a request does not wait for the window.)
+    s = ServerProcess(bare, "--window-ms", "300", "--timeout", "0.2", "--batching", "turns")
     try:
         with httpx.Client(base_url=s.url, timeout=30) as c:
             assert c.get("/v1/model").json()["languages"] is None
@@ -499,6 +500,95 @@ def test_running_searches_share_one_bound_on_rows_in_flight(translator):
         assert [r[0].text for r in job.future.result(0)] == [e[0].text for e in expected]
 
 
+def test_beam_requests_join_a_running_beam_search_within_the_row_bound(translator):
+    """Beam jobs run continuously too: sentences of several requests share one running beam
+    search per settings, each with its own N beams (N rows against `max_rows`; a beam wider
+    than the bound runs alone), admitted as rows free up, and every request gets the n-best
+    lists `aiayn translate` gives for the same lines."""
+    from aiayn.search.beam import BeamSearch
+    from aiayn.serve.streams import Streams
+
+    streams = Streams(translator, 7, lambda stats: None)
+    jobs = []
+    for cfg, lines in [
+        (translator.settings(beam=3, nbest=2), ["two", "seven", "forty-two", "nine"]),
+        (translator.settings(beam=3, nbest=2), ["seven hundred and one", "ten"]),
+        (translator.settings(beam=2, alpha=1.0), ["eleven", "six"]),
+        (translator.settings(beam=9), ["ninety"]),  # wider than the bound: runs alone
+    ]:
+        job = Job(lines, cfg, deadline=time.monotonic() + 60)
+        streams.take(job, cfg)
+        jobs.append((job, cfg))
+    kinds, most, steps = set(), 0, 0
+    while streams:
+        streams.step()
+        steps += 1
+        runs = [s.run for s in streams._streams.values()]
+        kinds |= {type(r) for r in runs}
+        live = sum(r.live for r in runs)
+        most = max(most, live if live <= 7 else 0)
+        assert live <= 7 or [r.live for r in runs if r.live] == [9]  # the wide one alone
+    assert kinds == {BeamSearch} and most > 3  # several sentences shared a search
+    for job, cfg in jobs:
+        expected = translator.translate_hyps(job.lines, cfg)
+        got = job.future.result(0)
+        assert [[t.text for t in r] for r in got] == [[e.text for e in x] for x in expected]
+        for served, exp in zip(got, expected, strict=True):
+            for a, b in zip(served, exp, strict=True):
+                assert (a.hyp.tokens, a.hyp.eos) == (b.hyp.tokens, b.hyp.eos)
+                assert a.hyp.score == pytest.approx(b.hyp.score, abs=1e-4)
+
+
+def test_running_searches_hold_at_most_the_token_budget(translator):
+    """Rows x output-length limit of the sentences in flight stay within the turns' token
+    budget (a sentence over it alone runs alone), so a request that forbids EOS up to a long
+    limit holds the model no longer than a turn; the answers are still `translate`'s."""
+    from aiayn.serve.streams import Streams
+
+    streams = Streams(translator, 64, lambda stats: None, max_tokens=500)
+    long = translator.settings(beam=2, max_len_a=0.0, max_len_b=100, min_len=100)
+    over = translator.settings(beam=3, max_len_a=0.0, max_len_b=200, min_len=5)
+    jobs = [Job(["two", "seven", "nine", "ten"], long, time.monotonic() + 60),
+            Job(["eleven"], over, time.monotonic() + 60)]  # fmt: skip
+    for job in jobs:
+        streams.take(job, job.cfg)
+    most = 0
+    while streams:
+        streams.step()
+        held = [(s.tokens, len(s.rows)) for s in streams._streams.values()]
+        assert sum(t for t, _ in held) <= 500 or held == [(600, 1)]  # 3 x 200: alone
+        most = max(most, sum(n for _, n in held))
+    assert most == 2  # 2 x 100 x 2 rows fit, a third does not
+    for job in jobs:
+        expected = translator.translate_hyps(job.lines, job.cfg)
+        assert [r[0].text for r in job.future.result(0)] == [e[0].text for e in expected]
+
+
+def test_searches_admit_first_come_first_served_so_greedy_rows_cannot_starve_a_beam(translator):
+    """Greedy rows free up one at a time and a beam sentence needs N at once: the searches
+    admit in turn, so the beam request is admitted while greedy sentences still wait, not after
+    every greedy sentence queued."""
+    from aiayn.serve.streams import Streams
+
+    streams = Streams(translator, 4, lambda stats: None)
+    greedy, beam = translator.settings(), translator.settings(beam=3)
+    first = Job(["two", "seven", "nine", "ten", "six", "eleven"] * 2, greedy, time.monotonic() + 60)
+    wide = Job(["forty-two"], beam, time.monotonic() + 60)
+    second = Job(["seven hundred and one", "ninety"] * 4, greedy, time.monotonic() + 60)
+    for job in (first, wide, second):
+        streams.take(job, job.cfg)
+    greedy_waiting = None
+    while streams:
+        streams.step()
+        running = {s.run.cfg: s for s in streams._streams.values()}
+        if greedy_waiting is None and beam in running and running[beam].rows:
+            greedy_waiting = running[greedy].n_waiting
+    assert greedy_waiting is not None and greedy_waiting >= 12  # of 20
+    for job in (first, wide, second):
+        expected = translator.translate_hyps(job.lines, job.cfg)
+        assert [r[0].text for r in job.future.result(0)] == [e[0].text for e in expected]
+
+
 def test_a_running_search_admits_one_sentence_of_each_waiting_request_in_turn(translator):
     """A one-sentence request that arrives behind long ones is admitted with their first
     sentences, not after all of them; every request still gets its own translations."""
@@ -513,7 +603,7 @@ def test_a_running_search_admits_one_sentence_of_each_waiting_request_in_turn(tr
         streams.take(job, cfg)
     (stream,) = streams._streams.values()
     streams.step()  # admits 4 rows: one of each request, then long_a's second
-    admitted = [entry.job for entry, _, _ in stream.rows.values()]
+    admitted = [entry.job for entry, _ in stream.rows.values()]
     assert admitted.count(single) == 1 and admitted.count(long_b) == 1
     while streams:
         streams.step()

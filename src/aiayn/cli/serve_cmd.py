@@ -43,8 +43,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                    help="search rows in one turn of the model worker, and greedy rows in flight "
                    "in a running search (default 128)")  # fmt: skip
     p.add_argument("--batching", choices=("continuous", "turns"), default="continuous",
-                   help="greedy requests join a running search at every step (continuous) or "
-                   "take turns as beam search does (default continuous)")  # fmt: skip
+                   help="greedy and beam requests join a running search at every step "
+                   "(continuous) or take turns as sampling does (default continuous)")  # fmt: skip
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="a Host name clients may use besides loopback and --host (repeat; '*' "
                    "= any; a wildcard --host accepts any without it)")  # fmt: skip

@@ -3,7 +3,8 @@
 A request handler submits a job (its sentences and search settings) and waits on the job's
 future. The worker takes the first queued job, waits a short window (`window_s`, 10 ms by
 default) for more, and merges the jobs that share the same search settings into one group. (A
-greedy job under continuous batching does not wait: later ones join its search at a step.)
+greedy or beam job under continuous batching does not wait: later ones join its search at a
+step.)
 Concurrent requests thus share batches (what makes serving nearly as fast as translating a
 file in one call), while a lone request waits only the window.
 
@@ -14,11 +15,11 @@ queued jobs in between. So a request never waits behind more than one chunk of e
 ahead of it: a client who sends the largest request the limits allow slows the others down,
 but does not make them wait for all of it. A job is answered as soon as its last chunk is done.
 
-Continuous batching for greedy search (aiayn.serve.streams). Greedy jobs do not wait for
-turns: they join their settings' running search between two of its steps, and leave it at the
-step their sentences end. After each turn the running searches get as much model time as the
-turn took (one step at least). Beam search, sampling and the exported engines (not torch models
-whose cache rows can join) keep the turns.
+Continuous batching for greedy and beam search (aiayn.serve.streams). Those jobs do not wait
+for turns: they join their settings' running search between two of its steps, and leave it at
+the step their sentences end. After each turn the running searches get as much model time as
+the turn took (one step at least). Sampling (seeded per line of a request) and the exported
+engines (not torch models whose cache rows can join) keep the turns.
 
 Abandoned work stops within one decoding step. While a chunk is searched, the search asks
 (`aiayn.search.step.stop_when`) once per step whether every job in the chunk is gone: its client
@@ -97,7 +98,7 @@ class Batcher:
         self.on_batch = on_batch
         # Continuous batching needs a torch model's cache (not an exported engine's).
         self.continuous = continuous and isinstance(translator.model, torch.nn.Module)
-        self._streams = Streams(translator, chunk_rows, self._report)
+        self._streams = Streams(translator, chunk_rows, self._report, turn_tokens)
         self._queue: queue.Queue[Job | object] = queue.Queue()
         self._lock = threading.Lock()  # guards _closed against submit/close races
         self._closed = False
@@ -166,9 +167,9 @@ class Batcher:
             if not stopping:  # what arrived meanwhile goes before the group's next turn
                 jobs, stopping = self._take_queued()
                 self._take(jobs, active)
-            # The running searches (greedy requests that arrived meanwhile included) get as
-            # much model time as the turn had, one step at least: a greedy request is not held
-            # up a whole turn per token.
+            # The running searches (requests that arrived meanwhile included) get as much model
+            # time as the turn had, one step at least: a request is not held up a whole turn
+            # per token.
             end = 2 * time.monotonic() - t0
             while self._streams:
                 self._streams.step(self._aborting)
@@ -178,7 +179,8 @@ class Batcher:
                 active.append(group)  # round robin: the others go first
 
     def _take(self, jobs: list[Job], active: deque[_Group]) -> None:
-        """Greedy jobs join their settings' running search; the others are cut into turns."""
+        """Greedy and beam jobs join their settings' running search; the others are cut into
+        turns."""
         turns = []
         for job in jobs:
             if self._joins(job):
@@ -189,9 +191,9 @@ class Batcher:
         active.extend(self._groups(turns))
 
     def _joins(self, job: Job) -> bool:
-        """Whether `job` goes to a running greedy search (continuous batching)."""
+        """Whether `job` goes to a running search (continuous batching): all but sampling."""
         cfg = job.cfg
-        return self.continuous and cfg is not None and cfg.beam_size == 1 and not cfg.sample
+        return self.continuous and cfg is not None and not cfg.sample
 
     def _gather(self, first: Job) -> tuple[list[Job], bool]:
         """`first` plus what arrives within the window (or until the batch is full)."""

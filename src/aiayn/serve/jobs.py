@@ -1,6 +1,6 @@
 """What a request hands the model worker (`Job`), how the worker answers it, and what it
 reports of each batch (`BatchStats`): shared by the turns (aiayn.serve.batcher) and the running
-greedy searches (aiayn.serve.streams)."""
+searches (aiayn.serve.streams)."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ class ServeOptions:
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides loopback and the bound one
     cors_origins: tuple[str, ...] = ()  # origins a browser may call the API from (none: no CORS)
     chunk_rows: int = 128  # search rows in one turn of the model worker, at most
-    continuous: bool = True  # greedy requests join a running search (aiayn.serve.streams)
+    continuous: bool = True  # greedy and beam requests join a running search (serve.streams)
     turn_tokens: int = 8192  # rows x their output-length limit in one turn, at most
     max_connections: int = 1024  # open connections and requests at once (then 503)
 

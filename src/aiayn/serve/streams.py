@@ -1,29 +1,36 @@
-"""Continuous batching for greedy search: one running search per set of settings.
+"""Continuous batching for greedy and beam search: one running search per set of settings.
 
-Jobs whose settings are greedy (beam 1, one hypothesis, no sampling) do not wait for turns:
-each set of settings has one running search (`aiayn.search.rows.RowSearch`) that the model
-worker steps. Between two steps the sentences queued meanwhile join it, their encoder run and
-their cache rows added, up to `max_rows` rows in flight over all the searches, one sentence
-of each waiting request in turn (so a short request does not queue behind every sentence of
-the long ones); a sentence leaves at the step it ends, and its request is answered when its
-last sentence has. So a short request never waits for a long one to finish, and the batch
-stays full while clients send their next requests. Rows with different settings run as
-separate searches (their limits and length penalty differ; one search per setting keeps each
-search the paper's). Rows of requests that are gone (client left, deadline passed) leave
-before the next step.
+Jobs whose settings do not sample do not wait for turns: each set of settings has one running
+search (`aiayn.search.rows.RowSearch` for greedy, `aiayn.search.beam.BeamSearch` for beam
+search, each sentence keeping its own N beams) that the model worker steps. Between two steps
+the sentences queued meanwhile join it, their encoder run and their cache rows added, up to
+`max_rows` rows in flight over all the searches (a beam sentence counts its N rows), one
+sentence of each waiting request in turn (so a short request does not queue behind every
+sentence of the long ones); a sentence leaves at the step it ends, and its request is answered
+when its last sentence has. So a short request never waits for a long one to finish, and the
+batch stays full while clients send their next requests. Rows with different settings run as
+separate searches (their beam width, limits and length penalty differ; one search per setting
+keeps each search the paper's). Rows of requests that are gone (client left, deadline passed)
+leave before the next step. Sampling keeps the turns: its random streams are seeded per line
+of a request, and a whole request is drawn as `aiayn translate` draws it.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
 
 from aiayn.config import DecodeConfig
+from aiayn.search.beam import BeamSearch
 from aiayn.search.rows import RowSearch
-from aiayn.search.settings import Hypothesis
+from aiayn.search.settings import Hypothesis, max_output_lengths, output_cap
 from aiayn.search.step import inference
 from aiayn.serve.jobs import BatchStats, Job, batch_stats, drop, settle
 from aiayn.translate.translator import Translation, Translator, one_line
@@ -45,16 +52,24 @@ class _Entry:
     left: int
 
 
+class _Sentence(NamedTuple):
+    line: int  # its place in the request
+    ids: list[int]  # source token ids
+    cost: int  # its rows x output-length limit: what it may cost the token budget
+
+
 @dataclass
 class _Stream:
-    """One running greedy search for one set of settings, and the sentences it serves."""
+    """One running search for one set of settings, and the sentences it serves."""
 
-    run: RowSearch
+    run: RowSearch | BeamSearch
     entries: list[_Entry] = field(default_factory=list)
-    # Sentences not admitted yet, by request (in order of arrival): line number, token ids.
-    waiting: dict[_Entry, deque[tuple[int, list[int]]]] = field(default_factory=dict)
+    # Sentences not admitted yet, by request (in order of arrival).
+    waiting: dict[_Entry, deque[_Sentence]] = field(default_factory=dict)
     n_waiting: int = 0
-    rows: dict[int, tuple[_Entry, int, int]] = field(default_factory=dict)  # row -> line, tokens
+    rows: dict[int, tuple[_Entry, _Sentence]] = field(default_factory=dict)  # by search id
+    tokens: int = 0  # the token budget its admitted sentences hold
+    admitted: int = -1  # when it last admitted (Streams._admissions): its turn
     seconds: float = 0.0  # model time not yet reported
     sharing: set[int] = field(default_factory=set)  # requests in the batch since that report
 
@@ -63,17 +78,31 @@ class _Stream:
         return bool(self.entries)
 
 
-def _take_in_turn(stream: _Stream, n: int) -> list[tuple[_Entry, int, list[int]]]:
-    """Up to `n` waiting sentences, one from each waiting request in turn (oldest first): a
-    one-sentence request then waits behind at most one sentence of each request before it, not
-    behind all of their sentences, and every request still advances at the same pace."""
-    out: list[tuple[_Entry, int, list[int]]] = []
+def _step_search(run: RowSearch | BeamSearch) -> list[tuple[int, list[Hypothesis]]]:
+    """One step of `run`: (id, hypotheses best first) of each sentence that ended."""
+    if isinstance(run, BeamSearch):
+        return run.step()
+    return [(r, [hyp]) for r, hyp in run.step()]
+
+
+def _take_in_turn(
+    stream: _Stream, n: int, tokens: int, force_first: bool = False
+) -> list[tuple[_Entry, _Sentence]]:
+    """Up to `n` waiting sentences whose costs fit `tokens`, one from each waiting request in
+    turn (oldest first): a one-sentence request then waits behind at most one sentence of each
+    request before it, not behind all of their sentences, and every request still advances at
+    the same pace. The first sentence that does not fit ends the taking (it keeps its place);
+    with `force_first` the first one is taken whatever it costs."""
+    out: list[tuple[_Entry, _Sentence]] = []
     while stream.waiting and len(out) < n:
         for entry in list(stream.waiting):
-            if len(out) == n:
-                break
-            lines = stream.waiting.pop(entry)
-            out.append((entry, *lines.popleft()))
+            lines = stream.waiting[entry]
+            if len(out) == n or (lines[0].cost > tokens and (out or not force_first)):
+                stream.n_waiting -= len(out)
+                return out
+            tokens -= lines[0].cost
+            out.append((entry, lines.popleft()))
+            del stream.waiting[entry]
             if lines:  # back in line after the others
                 stream.waiting[entry] = lines
     stream.n_waiting -= len(out)
@@ -81,26 +110,47 @@ def _take_in_turn(stream: _Stream, n: int) -> list[tuple[_Entry, int, list[int]]
 
 
 class Streams:
-    """The running greedy searches of one model worker, by settings."""
+    """The running searches (greedy, beam) of one model worker, by settings."""
 
     def __init__(
-        self, translator: Translator, max_rows: int, report: Callable[[BatchStats], None]
+        self,
+        translator: Translator,
+        max_rows: int,
+        report: Callable[[BatchStats], None],
+        max_tokens: int = 0,
     ) -> None:
+        """At most `max_rows` rows, and sentences whose rows x output-length limits sum to at
+        most `max_tokens` (0: no token bound; no limit counted below max_tokens / max_rows),
+        are in flight over all the searches: the turns' budget (aiayn.serve.batcher), so the
+        worst request the limits allow holds the model no longer here than in a turn."""
         self.translator, self.max_rows, self.report = translator, max_rows, report
+        self.max_tokens = max_tokens
         self._streams: dict[DecodeConfig, _Stream] = {}
+        self._admissions = 0  # admissions so far, over all searches: their turns
 
     def __bool__(self) -> bool:
         return bool(self._streams)
 
     def step(self, aborting: bool = False) -> None:
-        """One step of every running search; a search with nothing left is closed."""
-        for cfg, stream in list(self._streams.items()):
-            self._step(stream, aborting)
+        """One step of every running search; a search with nothing left is closed.
+
+        Searches admit in turn: the one that admitted longest ago (or never) goes first; while
+        a search still has sentences waiting (no room: a beam sentence needs its N rows at
+        once, a long one its share of the token budget), the searches after it admit nothing.
+        So greedy rows, freed one at a time, cannot starve a beam request, nor one long
+        request the others: the rows and tokens they free wait for it when its turn comes."""
+        blocked = False
+        for cfg, stream in sorted(self._streams.items(), key=lambda item: item[1].admitted):
+            before = stream.n_waiting
+            self._step(stream, aborting, may_admit=not blocked)
+            if stream.n_waiting < before:
+                stream.admitted, self._admissions = self._admissions, self._admissions + 1
+            blocked = blocked or stream.n_waiting > 0
             if not stream.busy:
                 del self._streams[cfg]
 
     def take(self, job: Job, cfg: DecodeConfig) -> None:
-        """Queue a greedy job's lines for its settings' running search (started if need be)."""
+        """Queue a job's lines for its settings' running search (started if need be)."""
         try:
             todo, ids = self.translator.encode_lines(job.lines)
         except Exception as e:  # answer the request, keep the worker
@@ -114,15 +164,25 @@ class Streams:
             return
         stream = self._streams.get(cfg)
         if stream is None:
-            run = RowSearch(self.translator.model, cfg, compact=COMPACT)
+            model = self.translator.model
+            run = (
+                RowSearch(model, cfg, compact=COMPACT)
+                if cfg.beam_size == 1
+                else BeamSearch(model, cfg)  # done sentences leave at once: N rows each
+            )
             stream = self._streams[cfg] = _Stream(run)
+        cap = output_cap(cfg, self.translator.model.cfg.max_len)
+        src_lens = torch.tensor([len(x) for x in ids])
+        limits = max_output_lengths(src_lens, cfg.max_len_a, cfg.max_len_b, cap).tolist()
+        floor = self.max_tokens // self.max_rows
+        costs = [cfg.beam_size * max(n, floor) for n in limits]
         stream.entries.append(entry)
-        stream.waiting[entry] = deque(zip(todo, ids, strict=True))
+        stream.waiting[entry] = deque(map(_Sentence, todo, ids, costs))
         stream.n_waiting += len(todo)
 
-    def _step(self, stream: _Stream, aborting: bool) -> None:
-        """Admit waiting sentences (up to `max_rows` rows in flight over all searches), run one
-        step, answer what ended."""
+    def _step(self, stream: _Stream, aborting: bool, may_admit: bool = True) -> None:
+        """Admit waiting sentences (up to `max_rows` rows in flight over all searches; none
+        unless `may_admit`), run one step, answer what ended."""
         now = time.monotonic()
         gone = [e for e in stream.entries if aborting or e.job.gone(now)]
         if gone:
@@ -131,27 +191,34 @@ class Streams:
             stream.entries = [e for e in stream.entries if e not in gone]
             for e in gone:
                 stream.n_waiting -= len(stream.waiting.pop(e, ()))
-            rows = {r for r, (e, _, _) in stream.rows.items() if e in gone}
+            rows = {r for r, (e, _) in stream.rows.items() if e in gone}
             stream.run.drop(rows)
             for r in rows:
-                del stream.rows[r]
+                stream.tokens -= stream.rows.pop(r)[1].cost
         # Sentences join in groups (one encoder batch, one cache copy) when a quarter of the
         # rows are free or all that wait fit: admitting one at a time copies the cache often.
-        admit: list[tuple[_Entry, int, list[int]]] = []
+        admit: list[tuple[_Entry, _Sentence]] = []
         # One bound for all running searches: many distinct settings must not multiply the
-        # rows (and cache memory) in flight.
-        free = self.max_rows - sum(s.run.live for s in self._streams.values())
-        if free >= min(stream.n_waiting, max(1, self.max_rows // 4)):
-            admit = _take_in_turn(stream, free)
+        # rows (and cache memory) in flight. A sentence takes a row per beam; when nothing is
+        # in flight one is admitted whatever it costs, so a beam wider than `max_rows` or a
+        # sentence over the token budget runs (alone).
+        per = stream.run.cfg.beam_size
+        in_flight = sum(s.run.live for s in self._streams.values())
+        room = max(self.max_rows - in_flight, 0) // per or int(in_flight == 0)
+        if may_admit and room >= min(stream.n_waiting, max(1, self.max_rows // 4 // per)):
+            used = sum(s.tokens for s in self._streams.values())
+            tokens = self.max_tokens - used if self.max_tokens else sys.maxsize
+            admit = _take_in_turn(stream, room, tokens, force_first=in_flight == 0)
         t0 = time.monotonic()
         try:
             with inference(self.translator.model), self.translator.precision.autocast():
                 if admit:
-                    src_BS = self.translator.pad([ids for _, _, ids in admit])
-                    for r, (e, i, ids) in zip(stream.run.add(src_BS), admit, strict=True):
-                        stream.rows[r] = (e, i, len(ids))
-                stream.sharing |= {id(e) for e, _, _ in stream.rows.values()}
-                finished = stream.run.step() if stream.run.live else []
+                    src_BS = self.translator.pad([sent.ids for _, sent in admit])
+                    for r, (e, sent) in zip(stream.run.add(src_BS), admit, strict=True):
+                        stream.rows[r] = (e, sent)
+                        stream.tokens += sent.cost
+                stream.sharing |= {id(e) for e, _ in stream.rows.values()}
+                finished = _step_search(stream.run)
         except Exception as e:  # answer the waiting requests, start the search afresh
             log.exception("model worker")
             for entry in stream.entries:
@@ -162,10 +229,11 @@ class Streams:
             return
         stream.seconds += time.monotonic() - t0
         done = []
-        for r, hyp in finished:
-            entry, i, n_src = stream.rows.pop(r)
-            text = one_line(self.translator.tokenizer.decode(hyp.tokens))
-            entry.results[i] = [Translation(text, hyp, n_src)]
+        decode = self.translator.tokenizer.decode
+        for r, hyps in finished:
+            entry, (i, ids, cost) = stream.rows.pop(r)
+            stream.tokens -= cost
+            entry.results[i] = [Translation(one_line(decode(h.tokens)), h, len(ids)) for h in hyps]
             entry.left -= 1
             done.append(entry.results[i])
             if entry.left == 0:
@@ -174,4 +242,4 @@ class Streams:
         if done:
             # requests: those whose rows shared the batch while these sentences were written
             self.report(batch_stats(len(stream.sharing), done, stream.seconds))
-            stream.seconds, stream.sharing = 0.0, {id(e) for e, _, _ in stream.rows.values()}
+            stream.seconds, stream.sharing = 0.0, {id(e) for e, _ in stream.rows.values()}
