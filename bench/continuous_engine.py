@@ -6,9 +6,10 @@ between served and in-process throughput lies. Prints JSON.
 The same sentences two ways, in one process, CPU time (`time.process_time`), the fastest of
 `--reps` rounds each, interleaved:
 - **whole file**: `Translator.translate_hyps` on all of them (sorted by length, large batches);
-- **continuous**: one greedy `RowSearch` fed as `aiayn serve` feeds it: at most `--rows` rows in
-  flight, sentences admitted in arrival order in groups once `--rows` / 4 rows are free (or all
-  that wait fit), finished rows compacted at `--compact` (the server's 0.25).
+- **continuous**: one greedy `RowSearch` (or, with `--beam N`, one `BeamSearch`: N rows a
+  sentence) fed as `aiayn serve` feeds it: at most `--rows` rows in flight, sentences admitted
+  in arrival order in groups once `--rows` / 4 rows are free (or all that wait fit), finished
+  greedy rows compacted at `--compact` (the server's 0.25).
 
 Both give the same translations (checked). Their ratio is the engine's share of the served /
 in-process gap; `bench/serve_load.py` measures the rest (HTTP, JSON, clients). The continuous
@@ -26,30 +27,36 @@ from pathlib import Path
 import torch
 from serve_load import cpu_name
 
+from aiayn.config import DecodeConfig
+from aiayn.search.beam import BeamSearch
 from aiayn.search.rows import RowSearch
 from aiayn.search.step import inference
 from aiayn.translate.translator import Translator
 
 
 def continuous(
-    tr: Translator, ids: list[list[int]], rows: int, compact: float
+    tr: Translator, ids: list[list[int]], rows: int, compact: float, cfg: DecodeConfig
 ) -> tuple[dict[int, list[int]], float, float, int]:
     """(tokens by sentence, seconds admitting, seconds stepping, admissions)."""
-    run = RowSearch(tr.model, tr.cfg, compact=compact)
+    N = cfg.beam_size
+    run: RowSearch | BeamSearch = (
+        RowSearch(tr.model, cfg, compact=compact) if N == 1 else BeamSearch(tr.model, cfg)
+    )
     out: dict[int, list[int]] = {}
     at = admissions = 0
     admitting = stepping = 0.0
     with inference(tr.model), tr.precision.autocast():
         while at < len(ids) or run.live:
-            free = rows - run.live
-            if at < len(ids) and free >= min(max(1, rows // 4), len(ids) - at):
+            free = (rows - run.live) // N  # sentences
+            if at < len(ids) and free >= min(max(1, rows // 4 // N), len(ids) - at):
                 n = min(free, len(ids) - at)
                 t0 = time.process_time()
                 run.add(tr.pad(ids[at : at + n]))  # row ids are arrival order: 0, 1, ...
                 admitting += time.process_time() - t0
                 at, admissions = at + n, admissions + 1
             t0 = time.process_time()
-            out.update((r, h.tokens) for r, h in run.step())
+            for r, h in run.step():  # a beam's step gives each sentence's n-best list
+                out[r] = (h[0] if isinstance(h, list) else h).tokens
             stepping += time.process_time() - t0
     return out, admitting, stepping, admissions
 
@@ -63,6 +70,7 @@ def main() -> None:
     p.add_argument("--compact", type=float, default=0.25)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--beam", type=int, default=0, help="default: the model's setting")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     corpus_path = args.corpus or args.model.parent / "data" / "test.en"
@@ -70,21 +78,22 @@ def main() -> None:
     lines = [corpus[i % len(corpus)] for i in range(args.sentences)]
     tr = Translator.load(args.model, device="cpu")
     _, ids = tr.encode_lines(lines)
-    tr.translate_hyps(lines[:64], tr.cfg)  # warm up
+    cfg = tr.settings(beam=args.beam) if args.beam else tr.cfg
+    tr.translate_hyps(lines[:64], cfg)  # warm up
     whole_s = cont_s = float("inf")
     for _ in range(args.reps):
         t0 = time.process_time()
-        whole = tr.translate_hyps(lines, tr.cfg)
+        whole = tr.translate_hyps(lines, cfg)
         whole_s = min(whole_s, time.process_time() - t0)
         t0 = time.process_time()
-        got, admitting, stepping, admissions = continuous(tr, ids, args.rows, args.compact)
+        got, admitting, stepping, admissions = continuous(tr, ids, args.rows, args.compact, cfg)
         if time.process_time() - t0 < cont_s:
             cont_s, split = time.process_time() - t0, (admitting, stepping, admissions)
     differ = sum(tr.tokenizer.decode(got[i]) != whole[i][0].text for i in range(len(lines)))
     print(json.dumps({
         "cpu": cpu_name(), "date": str(date.today()), "model": str(args.model),
         "threads": args.threads, "sentences": len(lines), "rows": args.rows,
-        "compact": args.compact,
+        "compact": args.compact, "beam": cfg.beam_size,
         "whole_file_sentences_per_cpu_s": round(len(lines) / whole_s, 1),
         "continuous_sentences_per_cpu_s": round(len(lines) / cont_s, 1),
         "continuous_over_whole_file": round(whole_s / cont_s, 3),
