@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -473,6 +475,46 @@ def eos_model() -> Transformer:
     return model
 
 
+def feed_arrivals(
+    run: Any,
+    src: torch.Tensor,
+    joins: list[int],
+    drop_at: tuple[int, int] | None,
+    split_first: bool = False,
+    after_step: Callable[[], None] = lambda: None,
+) -> tuple[dict[int, Any], int | None]:
+    """Run a steppable search (`RowSearch`, `BeamSearch`) as a server feeds it: sentence i of
+    `src` joins at step `joins[i]` (an idle search takes the next arrival at once), the
+    sentence admitted `drop_at[0]`-th is dropped at step `drop_at[1]`; `split_first` adds the
+    first arrivals in two `add`s before any step. Returns what each sentence ended with, and
+    the dropped one (each ends once, never after its drop)."""
+    order: list[int] = []
+    got: dict[int, Any] = {}
+    pending = sorted(range(src.size(0)), key=lambda i: joins[i])
+    dropped = None
+    with torch.inference_mode():
+        step = 0
+        while pending or run.live:
+            now = [i for i in pending if joins[i] <= step]
+            if not now and not run.live:
+                now = pending[:1]
+            if now:
+                pending = [i for i in pending if i not in now]
+                parts = [now[:1], now[1:]] if split_first and step == 0 else [now]
+                for part in filter(None, parts):
+                    run.add(src[part])
+                    order += part
+            if drop_at is not None and drop_at[1] == step and drop_at[0] < len(order):
+                dropped = order[drop_at[0]]
+                run.drop({drop_at[0]})
+            for row, found in run.step():
+                assert order[row] != dropped and order[row] not in got
+                got[order[row]] = found
+            step += 1
+            after_step()
+    return got, dropped
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 9), min_size=2, max_size=7),
@@ -500,28 +542,13 @@ def test_rows_that_join_a_running_search_get_what_they_get_alone(
     src = random_batch(lengths, seed)
     cfg = DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=4, min_len=min_len)
     alone = [greedy_search(eos_model, src[i : i + 1], cfg)[0] for i in range(len(lengths))]
-    run, order, got = RowSearch(eos_model, cfg, compact=compact), [], {}
-    pending = sorted(range(len(lengths)), key=lambda i: joins[i])
-    dropped = None
-    with torch.inference_mode():
-        step = 0
-        while pending or run.live:
-            now = [i for i in pending if joins[i] <= step]
-            if not now and not run.live:  # an idle search takes the next arrival at once
-                now = pending[:1]
-            if now:
-                pending = [i for i in pending if i not in now]
-                run.add(src[now])
-                order += now
-            if drop_at is not None and drop_at[1] == step and drop_at[0] < len(order):
-                dropped = order[drop_at[0]]
-                run.drop({drop_at[0]})
-            for row, hyp in run.step():
-                assert order[row] != dropped and order[row] not in got  # once, and never dropped
-                got[order[row]] = hyp
-            step += 1
-            if run.live:  # compacted when more than `compact` of the batch is dead
-                assert len(run.alive_r) - run.live <= compact * len(run.alive_r)
+    run = RowSearch(eos_model, cfg, compact=compact)
+
+    def compacted() -> None:  # compacted when more than `compact` of the batch is dead
+        if run.live:
+            assert len(run.alive_r) - run.live <= compact * len(run.alive_r)
+
+    got, dropped = feed_arrivals(run, src, joins, drop_at, after_step=compacted)
     if dropped is not None:
         got.setdefault(dropped, alone[dropped])  # it may have finished before its drop
     assert sorted(got) == list(range(len(lengths)))
@@ -563,29 +590,12 @@ def test_sentences_that_join_a_running_beam_search_get_what_they_get_alone(
     cfg = DecodeConfig(beam_size=beam, nbest=beam, max_len_a=1.0, max_len_b=4,
                        min_len=min_len, alpha=alpha)  # fmt: skip
     alone = [beam_search(eos_model, src[i : i + 1], cfg)[0] for i in range(len(lengths))]
-    run, order, got = BeamSearch(eos_model, cfg), [], {}
-    pending = sorted(range(len(lengths)), key=lambda i: joins[i])
-    dropped = None
-    with torch.inference_mode():
-        step = 0
-        while pending or run.live:
-            now = [i for i in pending if joins[i] <= step]
-            if not now and not run.live:  # an idle search takes the next arrival at once
-                now = pending[:1]
-            if now:
-                pending = [i for i in pending if i not in now]
-                parts = [now[:1], now[1:]] if split_first and step == 0 else [now]
-                for part in parts:
-                    run.add(src[part])
-                    order += part
-            assert run.live == len(run.sents) * beam
-            if drop_at is not None and drop_at[1] == step and drop_at[0] < len(order):
-                dropped = order[drop_at[0]]
-                run.drop({drop_at[0]})
-            for sent, hyps in run.step():
-                assert order[sent] != dropped and order[sent] not in got  # once, never dropped
-                got[order[sent]] = hyps
-            step += 1
+    run = BeamSearch(eos_model, cfg)
+
+    def rows_per_sentence() -> None:
+        assert run.live == len(run.sents) * beam
+
+    got, dropped = feed_arrivals(run, src, joins, drop_at, split_first, rows_per_sentence)
     if dropped is not None:
         got.setdefault(dropped, alone[dropped])  # it may have finished before its drop
     assert sorted(got) == list(range(len(lengths))) and not run.ended
