@@ -567,6 +567,7 @@ def test_rows_that_join_a_running_search_get_what_they_get_alone(
     alpha=st.sampled_from([0.0, 0.6, 2.0]),
     seed=st.integers(0, 10_000),
     split_first=st.booleans(),
+    limits=st.sampled_from([(1.0, 4), (0.5, 0)]),  # (0.5, 0): some end at the first step
     drop_at=st.one_of(st.none(), st.tuples(st.integers(0, 5), st.integers(0, 6))),
 )
 def test_sentences_that_join_a_running_beam_search_get_what_they_get_alone(
@@ -578,22 +579,26 @@ def test_sentences_that_join_a_running_beam_search_get_what_they_get_alone(
     alpha: float,
     seed: int,
     split_first: bool,
+    limits: tuple[float, int],
     drop_at: tuple[int, int] | None,
 ) -> None:
     """Continuous batching for beam search: sentences admitted at later steps (N rows each,
     joining the cache at its current column) end with the N-best lists beam search gives them
-    in a batch of their own, whatever sentence is dropped meanwhile. `split_first`: the first
-    arrivals come in two `add`s before any step (the second finds the first not fanned out)."""
+    in a batch of their own, whatever sentence is dropped meanwhile, whether or not some end at
+    their first step (`limits`). `split_first`: the first arrivals come in two `add`s before
+    any step (the second finds the first not fanned out)."""
     from aiayn.search.beam import BeamSearch
 
     src = random_batch(lengths, seed)
-    cfg = DecodeConfig(beam_size=beam, nbest=beam, max_len_a=1.0, max_len_b=4,
+    cfg = DecodeConfig(beam_size=beam, nbest=beam, max_len_a=limits[0], max_len_b=limits[1],
                        min_len=min_len, alpha=alpha)  # fmt: skip
     alone = [beam_search(eos_model, src[i : i + 1], cfg)[0] for i in range(len(lengths))]
     run = BeamSearch(eos_model, cfg)
 
-    def rows_per_sentence() -> None:
+    def rows_per_sentence() -> None:  # N rows a live sentence, and no others
         assert run.live == len(run.sents) * beam
+        if run.live:
+            assert run.tokens_rT.size(0) == run.live == run.cache.self_k[0].size(0)
 
     got, dropped = feed_arrivals(run, src, joins, drop_at, split_first, rows_per_sentence)
     if dropped is not None:
