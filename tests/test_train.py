@@ -644,6 +644,28 @@ def test_average_steps_are_evenly_spaced_over_the_last_fifth():
     assert average_steps(200, 5, after=150) == [168, 176, 184, 192, 200]
 
 
+def test_a_refit_moves_an_end_earlier_more_readily_than_later():
+    """An end set too late is cut off by max_minutes (no rate at 0, planned checkpoints
+    missing); one set too early costs a few steps: 0.5% earlier moves it, later needs 2%."""
+    from aiayn.training.schedule import refit_moves
+
+    assert not refit_moves(1000, 1000)
+    assert not refit_moves(1000, 996) and refit_moves(1000, 994)  # earlier: over 0.5%
+    assert not refit_moves(1000, 1020) and refit_moves(1000, 1021)  # later: over 2%
+    assert refit_moves(1000, 980)
+
+
+def test_a_stop_inside_the_averaged_span_stands_in_for_the_checkpoints_not_reached():
+    from aiayn.training.finish import averaged_steps
+
+    planned = [840, 879, 918, 957, 996]
+    assert averaged_steps(planned, 996) == planned  # on schedule
+    assert averaged_steps(planned, 991) == [840, 879, 918, 957, 991]  # max_minutes, 5 short
+    assert averaged_steps(planned, 957) == [840, 879, 918, 957]  # on a planned step: itself
+    assert averaged_steps(planned, 800) == []  # before the span: nothing to stand in for
+    assert averaged_steps([], 50) == []
+
+
 def test_budget_rate_warms_up_without_waiting_for_the_fit_and_never_jumps():
     from aiayn.training.schedule import BudgetPlan, budget_lr, fit_warmup_end
 
@@ -728,6 +750,39 @@ def test_budget_schedule_reaches_zero_at_the_total_and_survives_a_resume(corpus,
     assert Tokenizer.load(out / "averaged").vocab_size == averaged.cfg.vocab_size
     ckpts = [load_tensors(out / "checkpoints" / f"step_{s:08d}" / "model.safetensors")
              for s in (52, 56, 60)]  # fmt: skip
+    for name, t in averaged.state_dict().items():
+        if name in ckpts[0]:
+            mean = sum(c[name].double() for c in ckpts) / 3
+            torch.testing.assert_close(t.double(), mean, rtol=1e-6, atol=1e-6)
+
+
+def test_a_run_stopped_inside_the_averaged_span_still_averages(corpus, tok, tmp_path, caplog,
+                                                               monkeypatch):  # fmt: skip
+    """max_minutes stops the run at step 58 of a schedule ending at 60 (a machine slower than
+    its last re-fit knew): averaged/ is the mean of the planned checkpoints 52 and 56 and the
+    stop's own at 58, and the log says which stood in."""
+    import logging
+
+    from aiayn.training.run import Run
+
+    should_stop = Run.should_stop
+
+    def late_at_58(self: Run, flag: dict[str, int]) -> str | None:
+        return "max_minutes" if self.state.step == 58 else should_stop(self, flag)
+
+    monkeypatch.setattr(Run, "should_stop", late_at_58)
+    out = tmp_path / "run"
+    over = {"train.lr_schedule": "cosine_budget", "train.lr": 1e-3, "train.warmup_steps": 10,
+            "train.average_last": 3, "train.valid_every": 1000, "train.save_every": 20,
+            "train.max_steps": 60}  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="aiayn.training.finish"):
+        result = train(tiny(corpus, out, **over), tokenizer=tok, progress=False)
+    assert result.stopped == "max_minutes" and result.step == 58
+    said = [r.getMessage() for r in caplog.records if "averaged the checkpoints" in r.getMessage()]
+    assert len(said) == 1 and "[52, 56, 58]" in said[0] and "stands in" in said[0]
+    averaged = load_model_dir(out / "averaged")
+    ckpts = [load_tensors(out / "checkpoints" / f"step_{s:08d}" / "model.safetensors")
+             for s in (52, 56, 58)]  # fmt: skip
     for name, t in averaged.state_dict().items():
         if name in ckpts[0]:
             mean = sum(c[name].double() for c in ckpts) / 3

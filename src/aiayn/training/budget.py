@@ -13,10 +13,10 @@ from aiayn.training.schedule import (
     FIT_MIN_STEPS,
     FIT_SHARE,
     REFIT_SHARE,
-    REFIT_TOLERANCE,
     cosine_start,
     fit_total_steps,
     fit_warmup_end,
+    refit_moves,
 )
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def refit_budget(run: Run) -> bool:
     """Move cosine_budget's end when the machine turns out slower or faster than measured
     (True when it moved). Every REFIT_SHARE of the fitted run, in the cosine and before the
     averaged checkpoints' span, the speed since the last move (or the fit) re-fits the total;
-    a change over REFIT_TOLERANCE is applied, the cosine going on from its current rate
+    a change `refit_moves` accepts is applied, the cosine going on from its current rate
     (`BudgetPlan.progress`), so nothing jumps. Measuring since the last move, not over the
     last window only, averages out the step-to-step noise (batches of other lengths) and
     still catches a lasting slowdown.
@@ -115,7 +115,7 @@ def refit_budget(run: Run) -> bool:
     rate, valid_s, elapsed = all_sum(_speed(run, run.refit_mark) if d.main else [0.0] * 3, d)
     total = fit_total_steps(st.step, rate, elapsed, 60 * tc.max_minutes, tc.max_steps,
                             tc.valid_every, valid_s)  # fmt: skip
-    if abs(total - st.total_steps) <= REFIT_TOLERANCE * st.total_steps:
+    if not refit_moves(st.total_steps, total):
         return False
     progress = run.plan().progress(st.step, start)
     old = st.total_steps

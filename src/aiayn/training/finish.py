@@ -22,11 +22,23 @@ from aiayn.training.run import Run
 log = logging.getLogger(__name__)
 
 
+def averaged_steps(planned: list[int], step: int) -> list[int]:
+    """The checkpoints to average when a run stops at `step`: the planned ones reached, and
+    the stop's own if it fell inside the planned span before its end (max_minutes came first:
+    a machine slower than the last re-fit knew). It stands in for the planned checkpoints
+    never reached, at a rate already near the schedule's 0, so the run still has its average."""
+    reached = [s for s in planned if s <= step]
+    if planned and planned[0] < step < planned[-1] and step not in planned:
+        reached.append(step)
+    return reached
+
+
 def _write_average(run: Run) -> bool:
-    """Average the planned checkpoints that exist into OUT_DIR/averaged (a model directory),
-    replacing it whole when a finished run is rerun."""
+    """Average the planned checkpoints that exist (`averaged_steps`) into OUT_DIR/averaged (a
+    model directory), replacing it whole when a finished run is rerun."""
     planned = run.planned_averages()
-    dirs = [c for c in list_checkpoints(run.out) if int(c.name[5:]) in planned]
+    chosen = averaged_steps(planned, run.state.step)
+    dirs = [c for c in list_checkpoints(run.out) if int(c.name[5:]) in chosen]
     if len(dirs) < 2:
         log.warning(
             "no averaged model: %d of the %d planned checkpoints exist (steps %s); the run "
@@ -36,7 +48,11 @@ def _write_average(run: Run) -> bool:
     final = run.out / AVERAGED_DIR
     write_average(dirs, final, replace=True)
     steps = [int(c.name[5:]) for c in dirs]
-    log.info("averaged the checkpoints of steps %s into %s", steps, final)
+    stand_in = "" if set(steps) <= set(planned) else (
+        f" (stopped at step {run.state.step}, before the schedule's end at {planned[-1]}: its "
+        "checkpoint stands in for the planned ones not reached)"
+    )  # fmt: skip
+    log.info("averaged the checkpoints of steps %s into %s%s", steps, final, stand_in)
     return True
 
 
