@@ -47,7 +47,7 @@ from aiayn.text.batches import Example, batch_plan, collate, encode_pairs
 from aiayn.text.corpus import read_parallel
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.schedule import inverse_sqrt_lr
-from aiayn.translate.metrics import bleu
+from aiayn.translate.metrics import bleu, chrf, exact_match
 
 
 def build_model(tok: Tokenizer, args: argparse.Namespace) -> torch.nn.Module:
@@ -217,9 +217,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             with decoding.autocast():
                 hyps = translate(model, tok, src, beam)
             score = bleu(hyps, refs)
+            # chrF and exact match too, as `aiayn evaluate` reports: BLEU is 0 on one-word
+            # targets (the quick start's numbers are one German word each)
             result[prefix + name] = {"bleu": round(score.score, 2),
                                      "bp": round(score.brevity_penalty or 0, 3),
-                                     "length_ratio": round(score.length_ratio or 0, 3)}  # fmt: skip
+                                     "length_ratio": round(score.length_ratio or 0, 3),
+                                     "chrf": round(chrf(hyps, refs).score, 2),
+                                     "exact_match": round(exact_match(hyps, refs), 2)}  # fmt: skip
     result |= {
         "model": {"d_model": args.d_model, "heads": args.heads, "layers": args.layers,
                   "ffn": args.ffn, "vocab": tok.vocab_size,

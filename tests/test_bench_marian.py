@@ -43,4 +43,5 @@ def test_marian_baseline_trains_validates_and_scores(tmp_path, capsys, monkeypat
     assert math.isfinite(result["val_loss"]) and result["val_ppl"] > 1
     for search in ("greedy", "beam2", "test2_greedy", "test2_beam2"):  # --test2-*: scored alike
         assert 0 <= result[search]["bleu"] <= 100 and 0 <= result[search]["bp"] <= 1
+        assert 0 <= result[search]["chrf"] <= 100 and 0 <= result[search]["exact_match"] <= 100
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"script"')
