@@ -895,7 +895,7 @@ def test_a_budget_run_chooses_alpha_on_validation_for_its_averaged_model(
     assert choice["sentences"] == 40 and choice["beam_size"] == 2  # the whole validation set
     rows = choice["rows"]
     assert [r["alpha"] for r in rows] == list(ALPHA_GRID)
-    best = max(rows, key=lambda r: r["bleu"])  # the first of equal scores, as sweep_alpha
+    best = max(rows, key=lambda r: (r["bleu"], r["chrf"]))  # the first of ties, as sweep_alpha
     assert [r["best"] for r in rows].count(True) == 1 and best["best"]
     assert saved["decode"]["alpha"] == best["alpha"] == saved_decode_config(out / "averaged").alpha
     assert saved_decode_config(out).alpha == 0.6  # the run's own [decode] is untouched

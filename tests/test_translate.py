@@ -321,6 +321,15 @@ def test_cli_output_files_get_the_umask_or_keep_their_mode(model_dir: Path, tmp_
     assert kept.read_text(encoding="utf-8") == fresh.read_text(encoding="utf-8") != "old\n"
 
 
+def test_the_best_alpha_is_the_highest_bleu_then_chrf_then_the_first() -> None:
+    from aiayn.translate.translator import best_alpha_row
+
+    assert best_alpha_row([{"bleu": 30.0, "chrf": 50.0}, {"bleu": 31.0, "chrf": 40.0}]) == 1
+    # one-word targets: BLEU is 0 at every alpha, chrF still tells them apart
+    zero = [{"bleu": 0.0, "chrf": c} for c in (97.1, 98.4, 98.4, 90.0)]
+    assert best_alpha_row(zero) == 1
+
+
 def test_cli_evaluate_alphas_scores_each_and_names_the_best(
     model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -340,6 +349,7 @@ def test_cli_evaluate_alphas_scores_each_and_names_the_best(
         assert main([*base, "--alpha", str(r["alpha"]), "--json"]) == 0
         one = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert r["bleu"] == one["bleu"]["score"] and r["length_ratio"] == one["length_ratio"]
+        assert r["chrf"] == one["chrf"]["score"]
         assert r["brevity_penalty"] == one["brevity_penalty"]
     assert main([*base, "--alphas", "0.6,1.0"]) == 0
     text = capsys.readouterr().out

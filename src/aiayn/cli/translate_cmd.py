@@ -79,7 +79,7 @@ def parse_alphas(text: str) -> list[float]:
 
 
 def run_alpha_sweep(args: argparse.Namespace) -> int:
-    """`evaluate --alphas`: a table (or JSON list) of BLEU per α, and the best one."""
+    """`evaluate --alphas`: a table (or JSON list) of BLEU and chrF per α, and the best one."""
     from aiayn.errors import DataError
     from aiayn.translate.translator import read_file_lines, sweep_alpha
 
@@ -94,11 +94,12 @@ def run_alpha_sweep(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'alpha':>6} {'BLEU':>6} {'length ratio':>12} {'BP':>5}   (beam {cfg.beam_size})")
+    print(f"{'alpha':>6} {'BLEU':>6} {'chrF':>6} {'length ratio':>12} {'BP':>5}   "
+          f"(beam {cfg.beam_size})")  # fmt: skip
     for r in rows:
         mark = "  <- best" if r["best"] else ""
         print(
-            f"{r['alpha']:6.2f} {r['bleu']:6.2f} {r['length_ratio']:12.3f} "
+            f"{r['alpha']:6.2f} {r['bleu']:6.2f} {r['chrf']:6.2f} {r['length_ratio']:12.3f} "
             f"{r['brevity_penalty']:5.3f}{mark}"
         )
     best = next(r["alpha"] for r in rows if r["best"])

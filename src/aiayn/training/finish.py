@@ -90,9 +90,9 @@ def _choose_alpha(run: Run, progress: bool) -> None:
     saved["alpha_choice"] = {"sentences": n, "beam_size": dc.beam_size, "rows": rows}
     atomic_write_json(path, saved)
     log.info(
-        "alpha %g chosen for %s on %d validation sentences (beam %d): BLEU %s",
+        "alpha %g chosen for %s on %d validation sentences (beam %d): BLEU (chrF) %s",
         best["alpha"], where, n, dc.beam_size,
-        ", ".join(f"{r['alpha']:g}: {r['bleu']:.2f}" for r in rows),
+        ", ".join(f"{r['alpha']:g}: {r['bleu']:.2f} ({r['chrf']:.2f})" for r in rows),
     )  # fmt: skip
 
 

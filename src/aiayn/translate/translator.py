@@ -359,8 +359,10 @@ def sweep_alpha(
 ) -> list[dict[str, Any]]:
     """Beam-search `src` once per length penalty α and score each against `refs`.
 
-    Returns one row per α, in the order given: alpha, BLEU, length ratio, brevity penalty, and
-    `best` (True on the first row with the highest BLEU). A larger α favours longer outputs, so
+    Returns one row per α, in the order given: alpha, BLEU, chrF, length ratio, brevity
+    penalty, and `best` (True on the first row with the highest BLEU, equal BLEUs decided by
+    chrF: one-word targets, as in the quick start's numbers, give every α a BLEU of 0, and
+    chrF still tells them apart). A larger α favours longer outputs, so
     the length ratio shows why BLEU moves (§6.1 chose α = 0.6 on the development set).
     `aiayn evaluate --alphas` and the end of a cosine_budget run (aiayn.training.train) both use it.
     """
@@ -375,10 +377,17 @@ def sweep_alpha(
         rows.append({
             "alpha": alpha,
             "bleu": result["bleu"]["score"],
+            "chrf": result["chrf"]["score"],
             "length_ratio": result["length_ratio"],
             "brevity_penalty": result["brevity_penalty"],
         })  # fmt: skip
-    best = max(range(len(rows)), key=lambda i: rows[i]["bleu"])  # the first of equal scores
+    best = best_alpha_row(rows)
     for i, row in enumerate(rows):
         row["best"] = i == best
     return rows
+
+
+def best_alpha_row(rows: Sequence[dict[str, Any]]) -> int:
+    """The index of the best α's row: the highest BLEU, equal BLEUs decided by chrF, then
+    the first (the order given)."""
+    return max(range(len(rows)), key=lambda i: (rows[i]["bleu"], rows[i]["chrf"]))
