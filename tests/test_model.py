@@ -430,6 +430,29 @@ def test_q_k_v_blocks_get_xavier_with_gain_one_over_sqrt_2():
         assert abs(torch.corrcoef(torch.stack([q.flatten(), k.flatten()]))[0, 1]) < 0.02
 
 
+def test_normal_init_draws_every_weight_from_n_0_002():
+    """init = "normal" (HF Marian's, BERT's): every projection and embedding ~ N(0, 0.02),
+    biases 0, the padding row 0, and Q/K/V independent (one draw for the packed matrix)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=500, d_model=256, n_heads=4, n_layers=1, d_ff=512,
+                      logits_bias=True, init="normal")  # fmt: skip
+    model = Transformer(cfg)
+    emb = model.src_embed.tokens
+    weights = {"embedding": emb.weight[1:], "ffn": model.decoder.layers[0].ffn.w_1.weight}
+    for mha in (model.encoder.layers[0].self_attn, model.decoder.layers[0].cross_attn):
+        weights.update(zip("qkv", mha.in_proj.weight.chunk(3), strict=True))
+    for name, w in weights.items():
+        assert w.mean().item() == pytest.approx(0.0, abs=2e-3), name
+        assert w.std().item() == pytest.approx(0.02, rel=0.02), name
+    assert torch.count_nonzero(emb.weight[cfg.pad_id]) == 0
+    assert torch.count_nonzero(model.generator.bias) == 0
+    assert torch.count_nonzero(model.decoder.layers[0].ffn.w_1.bias) == 0
+    q, k, _ = model.encoder.layers[0].self_attn.in_proj.weight.chunk(3)
+    assert abs(torch.corrcoef(torch.stack([q.flatten(), k.flatten()]))[0, 1]) < 0.02
+    with pytest.raises(ConfigError, match="init='he'"):
+        ModelConfig(vocab_size=10, d_model=8, n_heads=2, init="he")  # type: ignore[arg-type]
+
+
 def test_tied_embeddings_are_one_tensor(tiny_cfg):
     model = Transformer(tiny_cfg)
     assert model.src_embed.tokens.weight is model.tgt_embed.tokens.weight

@@ -67,6 +67,10 @@ class ModelConfig:
     # (tensor2tensor, Marian, fairseq). The same function either way, its dimensions permuted.
     positional_layout: Literal["interleaved", "halves"] = "interleaved"
     logits_bias: bool = False  # a bias on the pre-softmax projection (Marian's final_logits_bias)
+    # The weights' random start (the paper names none): "xavier" = Xavier-uniform projections
+    # and N(0, d_model^-0.5) embeddings (tensor2tensor, fairseq); "normal" = N(0, 0.02) for
+    # both (BERT, Hugging Face's Marian and BART). Read only when a model is built to train.
+    init: Literal["xavier", "normal"] = "xavier"
     pad_id: int = PAD_ID
     bos_id: int = BOS_ID
     eos_id: int = EOS_ID
@@ -91,6 +95,10 @@ class ModelConfig:
             (
                 self.activation in ("relu", "swish"),
                 f"activation={self.activation!r}: choose 'relu' or 'swish'",
+            ),
+            (
+                self.init in ("xavier", "normal"),
+                f"init={self.init!r}: choose 'xavier' or 'normal'",
             ),
             (
                 self.positional_layout in ("interleaved", "halves"),

@@ -48,7 +48,7 @@ QUANTIZATIONS = ("float32", "int8", "int16", "bfloat16")
 # not listed here (a new model option) is refused by name rather than silently dropped.
 _EXPRESSIBLE: dict[str, tuple[Any, ...] | None] = {  # None: any value
     "vocab_size": None, "d_model": None, "n_heads": None, "n_layers": None, "d_ff": None,
-    "dropout": None, "attn_dropout": None,  # training only
+    "dropout": None, "attn_dropout": None, "init": None,  # training only
     "max_len": None, "positional": ("sinusoidal", "learned"), "norm_first": (False, True),
     "layer_norm_eps": None, "share_embeddings": (False, True), "tie_output": (False, True),
     "activation": ("relu", "swish"), "positional_layout": ("interleaved", "halves"),

@@ -300,11 +300,24 @@ class _ModelBase(nn.Module):
     cfg: ModelConfig
 
     def _init_weights(self) -> None:
-        """Xavier/Glorot for every projection, each from its own random draw (§ none; T2T/fairseq).
+        """The random start `cfg.init` names (the paper names none). Biases start at 0.
 
-        Embeddings get N(0, d_model^-0.5) so that, multiplied by sqrt(d_model), they start at
-        unit scale like the sinusoids (the tensor2tensor/fairseq choice for tied embeddings).
+        "xavier": Xavier/Glorot for every projection, each from its own random draw
+        (tensor2tensor, fairseq); embeddings N(0, d_model^-0.5) so that, multiplied by
+        sqrt(d_model), they start at unit scale like the sinusoids (their choice for tied
+        embeddings). "normal": N(0, 0.02) for every projection and embedding (BERT, Hugging
+        Face's Marian), so the tokens start at 0.02 sqrt(d_model) beside the sinusoids.
         """
+        if self.cfg.init == "normal":
+            for module in self.modules():
+                if isinstance(module, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    nn.init.zeros_(module.bias)
+                if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+                    with torch.no_grad():
+                        module.weight[module.padding_idx].zero_()
+            return
         # in_proj packs [W^Q; W^K; W^V] into one (3 d_model, d_model) Linear. Each block is a
         # d_model x d_model projection drawn U(-a, a) with a = sqrt(6 / (4 d_model)): Xavier
         # with gain 1/sqrt(2) per block, fairseq's scaled init for Q/K/V ("convergence much
