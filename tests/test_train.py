@@ -748,11 +748,17 @@ def test_budget_schedule_reaches_zero_at_the_total_and_survives_a_resume(corpus,
     assert learning_rate(60, tc, 32, plan) == pytest.approx(0.0, abs=1e-12)
     averaged = load_model_dir(out / "averaged")  # a model directory, with its tokenizer
     assert Tokenizer.load(out / "averaged").vocab_size == averaged.cfg.vocab_size
+    assert_mean_of_checkpoints(out, (52, 56, 60))
+
+
+def assert_mean_of_checkpoints(out: Path, steps: tuple[int, ...]) -> None:
+    """OUT/averaged's weights are the mean of the checkpoints of `steps`."""
+    averaged = load_model_dir(out / "averaged")
     ckpts = [load_tensors(out / "checkpoints" / f"step_{s:08d}" / "model.safetensors")
-             for s in (52, 56, 60)]  # fmt: skip
+             for s in steps]  # fmt: skip
     for name, t in averaged.state_dict().items():
         if name in ckpts[0]:
-            mean = sum(c[name].double() for c in ckpts) / 3
+            mean = sum(c[name].double() for c in ckpts) / len(ckpts)
             torch.testing.assert_close(t.double(), mean, rtol=1e-6, atol=1e-6)
 
 
@@ -780,13 +786,7 @@ def test_a_run_stopped_inside_the_averaged_span_still_averages(corpus, tok, tmp_
     assert result.stopped == "max_minutes" and result.step == 58
     said = [r.getMessage() for r in caplog.records if "averaged the checkpoints" in r.getMessage()]
     assert len(said) == 1 and "[52, 56, 58]" in said[0] and "stands in" in said[0]
-    averaged = load_model_dir(out / "averaged")
-    ckpts = [load_tensors(out / "checkpoints" / f"step_{s:08d}" / "model.safetensors")
-             for s in (52, 56, 58)]  # fmt: skip
-    for name, t in averaged.state_dict().items():
-        if name in ckpts[0]:
-            mean = sum(c[name].double() for c in ckpts) / 3
-            torch.testing.assert_close(t.double(), mean, rtol=1e-6, atol=1e-6)
+    assert_mean_of_checkpoints(out, (52, 56, 58))
 
 
 def test_a_stale_trash_averaged_does_not_stop_the_average(corpus, tok, tmp_path):
