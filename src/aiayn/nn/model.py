@@ -308,29 +308,24 @@ class _ModelBase(nn.Module):
         embeddings). "normal": N(0, 0.02) for every projection and embedding (BERT, Hugging
         Face's Marian), so the tokens start at 0.02 sqrt(d_model) beside the sinusoids.
         """
-        if self.cfg.init == "normal":
-            for module in self.modules():
-                if isinstance(module, (nn.Linear, nn.Embedding)):
-                    nn.init.normal_(module.weight, mean=0.0, std=0.02)
-                if isinstance(module, nn.Linear) and module.bias is not None:
-                    nn.init.zeros_(module.bias)
-                if isinstance(module, nn.Embedding) and module.padding_idx is not None:
-                    with torch.no_grad():
-                        module.weight[module.padding_idx].zero_()
-            return
         # in_proj packs [W^Q; W^K; W^V] into one (3 d_model, d_model) Linear. Each block is a
         # d_model x d_model projection drawn U(-a, a) with a = sqrt(6 / (4 d_model)): Xavier
         # with gain 1/sqrt(2) per block, fairseq's scaled init for Q/K/V ("convergence much
         # better"; here too: the copy-task test learns markedly slower with gain 1). That is
         # exactly plain Xavier on the packed matrix (fan_in d + fan_out 3d = 4d), so one draw
-        # initialises all three blocks, independently of each other.
+        # initialises all three blocks, independently of each other (as does "normal").
+        normal = self.cfg.init == "normal"
+        embedding_std = 0.02 if normal else self.cfg.d_model**-0.5
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
+                if normal:
+                    nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                else:
+                    nn.init.xavier_uniform_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=self.cfg.d_model**-0.5)
+                nn.init.normal_(module.weight, mean=0.0, std=embedding_std)
                 if module.padding_idx is not None:
                     with torch.no_grad():
                         module.weight[module.padding_idx].zero_()
