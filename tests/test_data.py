@@ -87,6 +87,19 @@ def test_encode_pairs_drops_overlong_by_tokens(tok):
     assert exs[0].tgt[1:-1] == tuple(tok.encode("house", eos=False))  # framed by the tokenizer
 
 
+def test_overlong_pair_is_named_by_its_file_line(tmp_path, tok):
+    # Line 2 is dropped as empty before encoding, so the over-long pair is the 2nd passed on
+    # but line 3 of the files: the report must name what the user can find.
+    src = write(tmp_path / "a.de", "haus\n\n" + "haus " * 40 + "\nbaum\n")
+    tgt = write(tmp_path / "a.en", "house\ntree\nhouse\ntree\n")
+    stats = DataStats()
+    exs = encode_pairs(read_parallel(src, tgt, stats), tok, max_len=20, stats=stats)
+    assert len(exs) == 2 and stats.examples == ["line 2", "line 3"]
+    held = DataStats(read=2)  # pairs not read from files (a held-out set) are named by place
+    encode_pairs([("haus", "house"), ("haus " * 40, "house")], tok, max_len=20, stats=held)
+    assert held.examples == ["pair 2"]
+
+
 def test_collate_shifts_targets_and_pads():
     exs = [Example((5, 6, EOS_ID), (BOS_ID, 7, 8, 9, EOS_ID)),
            Example((5, EOS_ID), (BOS_ID, 7, EOS_ID))]  # fmt: skip

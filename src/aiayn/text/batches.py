@@ -59,7 +59,7 @@ def encode_pairs(
         tgts = tok.encode_batch([t for _, t in part], bos=True, eos=True, side="target")
         for i, (s, t) in enumerate(zip(srcs, tgts, strict=True)):
             if len(s) > max_len or len(t) - 1 > max_len:
-                stats.drop("too_long_tokens", f"kept pair {start + i + 1}")
+                stats.drop("too_long_tokens", stats.where(start + i))
             else:
                 out.append(Example(tuple(s), tuple(t)))
                 if kept is not None:

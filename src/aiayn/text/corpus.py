@@ -9,6 +9,7 @@ validation set from a training corpus (deduplicated against it) when the user ga
 from __future__ import annotations
 
 import random
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,12 @@ class DataStats:
     too_long_chars: int = 0  # a side has more than MAX_LINE_CHARS characters
     too_long_tokens: int = 0  # a side has more than max_len tokens (with EOS)
     examples: list[str] = field(default_factory=list)  # where the first drops happened
+    lines: array = field(default_factory=lambda: array("q"))  # file line of each pair passed on
+
+    def where(self, i: int) -> str:
+        """Pair `i` of those passed on, named as the user can find it: its file line when
+        `read_parallel` counted lines, else its place in the list (a held-out set)."""
+        return f"line {self.lines[i]}" if i < len(self.lines) else f"pair {i + 1}"
 
     def drop(self, reason: str, where: str) -> None:
         setattr(self, reason, getattr(self, reason) + 1)
@@ -152,6 +159,7 @@ def _filtered(
         elif len(s) > MAX_LINE_CHARS or len(t) > MAX_LINE_CHARS:
             stats.drop("too_long_chars", f"line {line_no}")
         else:
+            stats.lines.append(line_no)
             yield s, t
 
 
