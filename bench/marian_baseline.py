@@ -100,14 +100,20 @@ def validate(
     return {"val_loss": loss_sum / tokens, "val_ppl": math.exp(nll_sum / tokens)}
 
 
+SOURCE_MAX = 256  # tokens with EOS, as aiayn's own_data.toml model (max_len 256) reads them
+
+
 @torch.no_grad()
 def translate(
     model: torch.nn.Module, tok: Tokenizer, lines: list[str], beam: int, batch_size: int = 64
 ) -> list[str]:
-    """generate() over batches sorted by length; one output per line, in order."""
+    """generate() over batches sorted by length; one output per line, in order. A source
+    over SOURCE_MAX tokens is cut to its first SOURCE_MAX - 1 and EOS, as `aiayn evaluate`
+    cuts it (the positions end at max(max_len, 256) + 64)."""
     model.eval()
     specials = {tok.pad_id, tok.bos_id, tok.eos_id}
     ids = [tok.encode(s, eos=True) for s in lines]
+    ids = [x if len(x) <= SOURCE_MAX else [*x[: SOURCE_MAX - 1], tok.eos_id] for x in ids]
     order = sorted(range(len(lines)), key=lambda i: len(ids[i]))
     out: list[str] = [""] * len(lines)
     for start in range(0, len(order), batch_size):

@@ -26,7 +26,7 @@ def test_marian_baseline_trains_validates_and_scores(tmp_path, capsys, monkeypat
         ("train", lines),
         ("valid", lines[:20]),
         ("test", lines[20:30]),
-        ("test2", lines[30:40]),
+        ("test2", [*lines[30:40], " ".join(lines[:150])]),  # over SOURCE_MAX tokens: cut
     ):
         for side in ("src", "tgt"):
             files[f"{split}.{side}"] = tmp_path / f"{split}.{side}"
