@@ -696,6 +696,30 @@ def test_budget_rate_warms_up_without_waiting_for_the_fit_and_never_jumps():
     assert budget_lr(2000, peak, warmup, BudgetPlan(3000)) == pytest.approx(peak / 2)
 
 
+def test_budget_decay_holds_the_peak_then_falls_over_its_share():
+    from aiayn.training.schedule import BudgetPlan, budget_lr
+
+    peak, warmup = 1e-3, 1000
+    plan = BudgetPlan(300, 20, 30)  # cosine from step 30 to 300: 270 steps
+    rates = [budget_lr(s, peak, warmup, plan, decay=0.25) for s in range(1, 301)]
+    cosine = [budget_lr(s, peak, warmup, plan) for s in range(1, 301)]
+    assert rates[:30] == cosine[:30]  # the warmup is the same
+    flat_until = 30 + int(0.75 * 270)  # step 232: the last quarter of the cosine's way falls
+    assert all(r == pytest.approx(peak) for r in rates[29:flat_until])
+    assert rates[265] == pytest.approx(peak / 2, rel=0.02)  # step 266: half way down
+    assert rates[-1] == pytest.approx(0.0, abs=1e-15)
+    assert all(b <= a for a, b in itertools.pairwise(rates[29:]))
+    assert all(r >= c for r, c in zip(rates, cosine, strict=True))  # never below the cosine
+    # re-fitted in the fall (a slower machine: the end moves from 300 to 280), no jump
+    moved = BudgetPlan(280, 20, 30, refit_step=260, refit_progress=plan.progress(260, 30))
+    before, after = (
+        budget_lr(260, peak, warmup, plan, 0.25),
+        budget_lr(261, peak, warmup, moved, 0.25),
+    )
+    assert after <= before and before - after < peak / 20
+    assert budget_lr(280, peak, warmup, moved, 0.25) == pytest.approx(0.0, abs=1e-15)
+
+
 def test_a_refit_moves_the_end_and_the_rate_goes_on_from_where_it_was():
     """Re-fitted at step 150 of 300 (the machine slowed: the end is now 250): the rate at 150
     is kept, the cosine's rest is spread over 150-250, and it reaches 0 at the new end."""

@@ -161,6 +161,9 @@ class TrainConfig:
     # cosine_budget = cosine to 0 at a total fitted to max_minutes (or max_steps): training.md
     lr_schedule: Literal["noam", "inverse_sqrt", "cosine", "cosine_budget", "constant"] = "noam"
     lr: float = 1.0  # a multiplier on noam; the peak rate for the other schedules
+    # cosine_budget only: the rate holds at its peak after warmup and falls (half a cosine to
+    # 0) over this last share of the steps left (warmup-stable-decay); 1.0 = a cosine over all
+    budget_decay: float = 1.0
     warmup_steps: int = 4000
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9

@@ -58,8 +58,10 @@ class BudgetPlan:
         return min(1.0, max(0.0, (step - start) / max(self.total - start, 1)))
 
 
-def budget_lr(step: int, peak: float, warmup: int, plan: BudgetPlan) -> float:
-    """cosine_budget's rate: warmup, then half a cosine from `peak` to 0 at `plan.total`.
+def budget_lr(step: int, peak: float, warmup: int, plan: BudgetPlan, decay: float = 1.0) -> float:
+    """cosine_budget's rate: warmup, then half a cosine from `peak` to 0 at `plan.total`;
+    with `decay` < 1 the rate stays at the top until the last `decay` of the cosine's way
+    (`plan.progress`) and the half cosine fits in that part (warmup-stable-decay).
 
     Until the total is fitted (total = 0), and up to `fit_step`, the rate warms up linearly
     at the configured slope, peak / warmup. From there it goes on linearly to `peak` at
@@ -77,7 +79,8 @@ def budget_lr(step: int, peak: float, warmup: int, plan: BudgetPlan) -> float:
         rise = (step - plan.fit_step) / max(warmup_end - plan.fit_step, 1)
         return reached + (peak - reached) * rise
     top, start = (peak, warmup_end) if warmup_end > plan.fit_step else (reached, plan.fit_step)
-    return 0.5 * top * (1.0 + math.cos(math.pi * plan.progress(step, start)))
+    fall = max(0.0, plan.progress(step, start) - (1.0 - decay)) / decay
+    return 0.5 * top * (1.0 + math.cos(math.pi * fall))
 
 
 def cosine_start(plan: BudgetPlan, warmup: int) -> int:
@@ -97,7 +100,7 @@ def learning_rate(
     if tc.lr_schedule == "cosine":
         return cosine_lr(step, tc.warmup_steps, tc.max_steps, tc.lr)
     if tc.lr_schedule == "cosine_budget":
-        return budget_lr(step, tc.lr, tc.warmup_steps, plan or BudgetPlan())
+        return budget_lr(step, tc.lr, tc.warmup_steps, plan or BudgetPlan(), tc.budget_decay)
     return tc.lr
 
 

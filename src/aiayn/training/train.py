@@ -134,6 +134,8 @@ def check_recipe(tc: TrainConfig) -> None:
         raise ConfigError("train.accum_steps and train.max_tokens must be at least 1")
     if tc.best_metric == "bleu" and tc.bleu_samples < 1:
         raise ConfigError("train.best_metric = 'bleu' needs train.bleu_samples >= 1")
+    if not 0.0 < tc.budget_decay <= 1.0:
+        raise ConfigError(f"train.budget_decay={tc.budget_decay} must be in (0, 1]")
     if tc.average_last == 0:
         return
     if tc.lr_schedule != "cosine_budget":
