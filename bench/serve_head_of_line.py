@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import httpx
 import torch
-from serve_load import add_cpu_flags, cpu_name, launch, percentiles, turn_flags
+from serve_load import add_cpu_flags, cpu_name, launch, own_connections, percentiles, turn_flags
 
 from aiayn.search.rows import RowSearch
 from aiayn.search.step import inference
@@ -49,8 +50,8 @@ async def singles(client: httpx.AsyncClient, lines: list[str], n: int) -> list[f
 
 
 async def measure(url: str, short: list[str], long: list[str], args: argparse.Namespace) -> dict:
-    limits = httpx.Limits(max_connections=args.clients + 2)
-    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+    async with contextlib.AsyncExitStack() as stack:  # each client its own connection
+        client, *hog_clients = await own_connections(stack, url, 1 + args.clients, timeout=300)
         await singles(client, short, 5)  # warm up
         idle = await singles(client, short, args.singles)
         done, long_sentences = False, 0
@@ -61,7 +62,7 @@ async def measure(url: str, short: list[str], long: list[str], args: argparse.Na
             while not done:
                 batch = [long[(at + j) % len(long)] for j in range(8)]
                 at += 8 * args.clients
-                r = await client.post("/v1/translate", json={"q": batch})
+                r = await hog_clients[k].post("/v1/translate", json={"q": batch})
                 r.raise_for_status()
                 if not done:
                     long_sentences += 8

@@ -132,6 +132,19 @@ def percentiles(xs: list[float]) -> dict[str, float | None]:
     return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": round(s[-1], 4)}
 
 
+async def own_connections(
+    stack: contextlib.AsyncExitStack, url: str, n: int, timeout: float = 120
+) -> list[httpx.AsyncClient]:
+    """`n` clients of one connection each, closed with `stack`. Not one shared pool: httpx
+    assigns a pool's requests to connections by scans that grow with both counts, and at 128
+    clients on one core that bookkeeping, not the server, set the pace (the client at 100%
+    CPU for seconds while the server idled, in bursts; measured on a CTranslate2 export,
+    2026-11-25)."""
+    one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    made = (httpx.AsyncClient(base_url=url, timeout=timeout, limits=one) for _ in range(n))
+    return [await stack.enter_async_context(client) for client in made]
+
+
 async def load(url: str, requests: list[list[str]], concurrency: int, sigterm_at: int,
                proc: subprocess.Popen, settings: dict) -> dict:  # fmt: skip
     results: list[dict | None] = [None] * len(requests)
@@ -139,18 +152,8 @@ async def load(url: str, requests: list[list[str]], concurrency: int, sigterm_at
     for i in range(len(requests)):
         todo.put_nowait(i)
     answered = 0
-    # Each client has its own connection (an AsyncClient of one): httpx's shared pool assigns
-    # requests to connections by scans that grow with both counts, and at 128 clients on one
-    # core that bookkeeping, not the server, set the pace (the client at 100% CPU for seconds
-    # while the server idled, in bursts; measured on a CTranslate2 export, 2026-11-25).
-    one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     async with contextlib.AsyncExitStack() as stack:
-        clients = [
-            await stack.enter_async_context(
-                httpx.AsyncClient(base_url=url, timeout=120, limits=one)
-            )
-            for _ in range(concurrency)
-        ]
+        clients = await own_connections(stack, url, concurrency)
 
         async def worker(client: httpx.AsyncClient) -> None:
             nonlocal answered
