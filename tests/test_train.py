@@ -938,6 +938,7 @@ def test_a_budget_run_chooses_alpha_on_validation_for_its_averaged_model(
         ({"train.average_last": 5, "train.keep_last": 3}, "exceeds train.keep_last=3"),
         ({"train.average_last": 3, "train.lr_schedule": "cosine"}, "needs train.lr_schedule"),
         ({"train.average_last": 1}, "average at least 2"),
+        ({"train.budget_decay": 0}, r"budget_decay=0.0 must be in \(0, 1\]"),
     ],
 )
 def test_bad_averaging_recipes_are_one_line_config_errors(corpus, tmp_path, over, message):
@@ -960,3 +961,4 @@ def test_own_data_config_is_a_valid_budget_recipe():
     check_recipe(tc)
     # the measured recipe (docs/benchmarks.md, "The ablation repeated"): swish, Xavier init
     assert cfg.model.activation == "swish" and cfg.model.init == "xavier"
+    assert tc.budget_decay == 0.25  # warmup-stable-decay ("A held-out corpus")
