@@ -642,6 +642,16 @@ def test_average_steps_are_evenly_spaced_over_the_last_fifth():
     # fitted at step 190 of 200: the last fifth (from 168) is partly past, so closer together
     assert average_steps(200, 5, after=190) == [192, 194, 196, 198, 200]
     assert average_steps(200, 5, after=150) == [168, 176, 184, 192, 200]
+    # warmup-stable-decay falling over the last quarter: the span is a quarter as long, so
+    # the first averaged checkpoint sees the rate the full cosine's first one sees
+    from aiayn.training.schedule import BudgetPlan, budget_lr
+
+    wsd = average_steps(1000, 5, decay=0.25)
+    assert wsd == [960, 970, 980, 990, 1000]
+    plan = BudgetPlan(1000, 10, 100)
+    first_cosine = budget_lr(average_steps(1000, 5)[0], 1e-3, 100, plan)
+    first_wsd = budget_lr(wsd[0], 1e-3, 100, plan, decay=0.25)
+    assert first_wsd == pytest.approx(first_cosine) and first_cosine < 0.1e-3
 
 
 def test_a_refit_moves_an_end_earlier_more_readily_than_later():

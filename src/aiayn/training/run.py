@@ -163,7 +163,7 @@ class Run:
         if self.tc.average_last < 1 or st.total_steps < 1:
             return []
         after = max(st.fit_step, st.refit_step)  # planned when the total was last fixed
-        return average_steps(st.total_steps, self.tc.average_last, after=after)
+        return average_steps(st.total_steps, self.tc.average_last, after, self.tc.budget_decay)
 
     def plan(self) -> BudgetPlan:
         st = self.state

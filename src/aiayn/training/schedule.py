@@ -188,15 +188,20 @@ def fit_warmup_end(total_steps: int, warmup: int, fit_step: int = 0) -> int:
     return min(total_steps, fit_step + max(1, int(WARMUP_SHARE * (total_steps - fit_step))))
 
 
-def average_steps(total_steps: int, n: int, after: int = 0) -> list[int]:
+def average_steps(total_steps: int, n: int, after: int = 0, decay: float = 1.0) -> list[int]:
     """The `n` evenly spaced steps, ending at `total_steps`, whose checkpoints are averaged.
 
     They span the last AVERAGE_SPAN of the schedule, where the rate is low and the weights
     move little, so their mean is a smoother model (§6.1 averages the last 5 checkpoints).
-    All lie after step `after` (where the total was fitted: earlier steps are past), closer
-    together when the span would reach back before it.
+    With a warmup-stable-decay schedule (`decay` < 1, see `budget_lr`) the span shrinks with
+    the fall, to AVERAGE_SPAN * decay: where the rate has come down as far as a full cosine's
+    has at its span's start (under 10% of the peak), not where it is still near it. (At 20
+    minutes, averaging over the last 20% at decay 0.25, from 90% of the peak, gave a model
+    worse than the last checkpoint on two corpora.) All lie after step `after` (where the
+    total was fitted: earlier steps are past), closer together when the span would reach back
+    before it.
     """
-    gap = max(1, int(AVERAGE_SPAN * total_steps) // max(n, 1))
+    gap = max(1, int(AVERAGE_SPAN * decay * total_steps) // max(n, 1))
     if total_steps - (n - 1) * gap <= after:
         gap = max(1, (total_steps - after - 1) // max(n - 1, 1))
     return [s for s in (total_steps - i * gap for i in reversed(range(n))) if s > max(after, 0)]
