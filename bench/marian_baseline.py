@@ -49,6 +49,8 @@ from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.schedule import inverse_sqrt_lr
 from aiayn.translate.metrics import bleu, chrf, exact_match
 
+SOURCE_MAX = 256  # tokens with EOS, as aiayn's own_data.toml model (max_len 256) reads them
+
 
 def build_model(tok: Tokenizer, args: argparse.Namespace) -> torch.nn.Module:
     from transformers import MarianConfig, MarianMTModel
@@ -57,7 +59,7 @@ def build_model(tok: Tokenizer, args: argparse.Namespace) -> torch.nn.Module:
         vocab_size=tok.vocab_size, d_model=args.d_model, encoder_layers=args.layers,
         decoder_layers=args.layers, encoder_attention_heads=args.heads,
         decoder_attention_heads=args.heads, encoder_ffn_dim=args.ffn, decoder_ffn_dim=args.ffn,
-        max_position_embeddings=max(args.max_len, 256) + 64,
+        max_position_embeddings=max(args.max_len, SOURCE_MAX) + 64,
         pad_token_id=tok.pad_id, eos_token_id=tok.eos_id, bos_token_id=tok.bos_id,
         decoder_start_token_id=tok.bos_id, forced_eos_token_id=None,
         scale_embedding=args.scale_embedding,
@@ -100,16 +102,13 @@ def validate(
     return {"val_loss": loss_sum / tokens, "val_ppl": math.exp(nll_sum / tokens)}
 
 
-SOURCE_MAX = 256  # tokens with EOS, as aiayn's own_data.toml model (max_len 256) reads them
-
-
 @torch.no_grad()
 def translate(
     model: torch.nn.Module, tok: Tokenizer, lines: list[str], beam: int, batch_size: int = 64
 ) -> list[str]:
     """generate() over batches sorted by length; one output per line, in order. A source
     over SOURCE_MAX tokens is cut to its first SOURCE_MAX - 1 and EOS, as `aiayn evaluate`
-    cuts it (the positions end at max(max_len, 256) + 64)."""
+    cuts it (the positions end at max(max_len, SOURCE_MAX) + 64)."""
     model.eval()
     specials = {tok.pad_id, tok.bos_id, tok.eos_id}
     ids = [tok.encode(s, eos=True) for s in lines]
