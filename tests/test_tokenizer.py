@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from aiayn.errors import CheckpointError, DataError
-from aiayn.text.tokenizer import TOKENIZER_FILE, Tokenizer
+from aiayn.text.tokenizer import ONE_BY_ONE, TOKENIZER_FILE, Tokenizer
 
 CORPUS = [
     "Ein Mann fährt Fahrrad auf der Straße.",
@@ -49,6 +49,8 @@ def test_decode_stops_at_eos_and_skips_pad_and_bos(tok):
 def test_batch_encoding_equals_one_by_one(tok):
     lines = ["Ein Mann", "Zwei Hunde spielen", "snow"]
     assert tok.encode_batch(lines, bos=True) == [tok.encode(x, bos=True) for x in lines]
+    many = CORPUS[: 2 * ONE_BY_ONE]  # SentencePiece's list call, not one call a line
+    assert tok.encode_batch(many) == [tok.encode(x) for x in many]
 
 
 def test_save_and_load(tmp_path, tok):
