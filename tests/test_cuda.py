@@ -156,7 +156,15 @@ def test_explain_and_attend_run_on_the_gpu(corpus, tmp_path, capsys):
         assert main(["explain", "--model", str(out), "a b c", "--format", "json", "--beam", "2",
                      "--device", device]) == 0  # fmt: skip
         traces[device] = json.loads(capsys.readouterr().out)
-    assert traces["cuda"]["translation"] == traces["cpu"]["translation"]
+    # The same search on both devices: the same tokens, and scores equal to float32 rounding
+    # (the GPU sums in another order, TF32 off or not), not bit for bit.
+    cpu, gpu = traces["cpu"]["translation"], traces["cuda"]["translation"]
+    assert {k: v for k, v in gpu.items() if not isinstance(v, float)} == {
+        k: v for k, v in cpu.items() if not isinstance(v, float)
+    }
+    for key, value in cpu.items():
+        if isinstance(value, float):
+            assert gpu[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
     assert main(["attend", "--model", str(out), "a b c", "--out", str(tmp_path / "pics"),
                  "--device", "cuda"]) == 0  # fmt: skip
     assert (tmp_path / "pics" / "attention.html").is_file()
