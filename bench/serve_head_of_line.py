@@ -2,6 +2,7 @@
 requests of long lines are in flight from 16 clients. Prints JSON.
 
     python bench/serve_head_of_line.py --model quickstart/model --chunk-rows 64 100000
+    python bench/serve_head_of_line.py --model quickstart/model --device cuda   # on a GPU
 
 For each `--chunk-rows` (the server's turn size; 100000 = one turn per merged batch, the
 behaviour before turns), a fresh server on a free loopback port: first `--singles`
@@ -86,7 +87,7 @@ def model_floor(model: Path, short: list[str], long: list[str], args: argparse.N
     """Median seconds for short sentences to finish alone, and in one batch with the
     clients x 8 long ones (added at the same step), over `--singles` short sentences."""
     torch.set_num_threads(args.threads)
-    translator = Translator.load(model, device="cpu")
+    translator = Translator.load(model, device=args.device)
     _, long_ids = translator.encode_lines([long[i % len(long)] for i in range(8 * args.clients)])
 
     def finish_s(line: str, others: list[list[int]]) -> tuple[float, int]:
@@ -134,6 +135,8 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=16, help="clients sending long requests")
     p.add_argument("--singles", type=int, default=60, help="one-sentence requests timed")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="auto", help="the server's and the floor's --device "
+                   "(auto: a GPU if there is one)")  # fmt: skip
     add_cpu_flags(p)
     args = p.parse_args()
     if args.client_cpus:
@@ -145,7 +148,8 @@ def main() -> None:
     runs = []
     for batching, rows in itertools.product(args.batching, args.chunk_rows):
         proc, url = launch(args.model, ["--threads", str(args.threads), "--timeout", "300",
-                                        "--batching", batching, *turn_flags(rows)],
+                                        "--device", args.device, "--batching", batching,
+                                        *turn_flags(rows)],
                            args.server_cpus)  # fmt: skip
         try:
             found = asyncio.run(measure(url, short, long, args))
@@ -156,7 +160,9 @@ def main() -> None:
     if args.server_cpus:  # the in-process floor where the server ran
         os.sched_setaffinity(0, args.server_cpus)
     floor = model_floor(args.model, short, long, args)
-    print(json.dumps({"cpu": cpu_name(), "date": str(date.today()), "model": str(args.model),
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    print(json.dumps({"cpu": cpu_name(), "gpu": gpu, "device": args.device,
+                      "date": str(date.today()), "model": str(args.model),
                       "clients": args.clients, "threads": args.threads, "runs": runs,
                       "model_floor": floor}, indent=1))  # fmt: skip
 

@@ -6,6 +6,7 @@ an `aiayn export` directory (CTranslate2, ONNX Runtime): then both sides run its
     python bench/serve_load.py --model M --corpus FILE --sigterm-at 500
     python bench/serve_load.py --model M --threads 1 --server-cpus 0 --client-cpus 1
     python bench/serve_load.py --model M --beam 4 [--batching turns]   # beam requests
+    python bench/serve_load.py --model M --threads 1 --server-cpus 0 --client-cpus 1 --overhead
 
 `--server-cpus` pins the server (and the in-process side, which runs after it) and
 `--client-cpus` the load generator: on a shared core the clients' own CPU time is taken from
@@ -21,6 +22,12 @@ most `--chunk-rows`, in arrival order), how many served translations differ from
 ones, and the server's merged batch sizes (/metrics). Throughput is also given per CPU second
 (the server process's user + system time over the load, against the in-process call's), which
 other jobs on a shared machine disturb far less than wall time.
+
+`--overhead` then sends the same requests again with every sentence empty (answered without
+the model): the server's CPU per request apart from the model, and from it the highest
+served / in-process ratio per CPU second the server could reach if its model work cost what
+it costs in-process (`ceiling_served_over_in_process_per_cpu_s`; an upper bound, since an
+empty request skips the tokenizer and its answer is short).
 
 `--sigterm-at N` sends SIGTERM once N answers have come back: requests refused after that
 (or written into a keep-alive connection as the server closed it, unread) are counted, not
@@ -68,9 +75,12 @@ def make_requests(corpus: list[str], n: int, most: int, seed: int) -> list[list[
 
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    from aiayn.interop.export_dir import is_export_dir
+
+    device = [] if is_export_dir(args.model) else ["--device", args.device]
     return launch(args.model, ["--threads", str(args.threads), "--window-ms", str(args.window_ms),
                                "--max-sentences", "64", "--timeout", "120", "--max-queue",
-                               "100000", "--batching", args.batching,
+                               "100000", "--batching", args.batching, *device,
                                *turn_flags(args.chunk_rows)], args.server_cpus)  # fmt: skip
 
 
@@ -217,9 +227,14 @@ def main() -> None:
         default=0,
         help="every request asks for this beam (default: the model's setting)",
     )
+    p.add_argument("--device", default="auto", help="an aiayn model's device, served and "
+                   "in-process (auto: a GPU if there is one); exports run on the CPU")  # fmt: skip
     p.add_argument("--sigterm-at", type=int, default=0, help="SIGTERM after this many answers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reps", type=int, default=2, help="in-process runs; the fastest counts")
+    p.add_argument("--overhead", action="store_true", help="then the same requests with empty "
+                   "sentences: the server's CPU per request apart from the model, and the "
+                   "served / in-process ratio that leaves at most")  # fmt: skip
     add_cpu_flags(p)
     args = p.parse_args()
     if args.client_cpus:
@@ -234,6 +249,19 @@ def main() -> None:
     cpu0 = cpu_seconds(proc.pid)
     run = asyncio.run(load(url, requests, args.concurrency, args.sigterm_at, proc, settings))
     server_cpu = cpu_seconds(proc.pid) - cpu0 if proc.poll() is None else None
+    overhead = None
+    if args.overhead and server_cpu is not None and not args.sigterm_at:
+        # The same requests with every sentence empty: an empty line is answered without the
+        # model (no tokenizer, no search), so this is what the server spends on a request
+        # apart from the model: HTTP, JSON, validation, the queue and the answer's future.
+        empty = [[""] * len(q) for q in requests]
+        cpu1 = cpu_seconds(proc.pid)
+        bare = asyncio.run(load(url, empty, args.concurrency, 0, proc, settings))
+        bare_cpu = cpu_seconds(proc.pid) - cpu1
+        bad = sum(1 for r in bare["results"] if not r or r["status"] != 200)
+        overhead = {"requests_per_s": round(len(empty) / bare["wall"], 1),
+                    "server_cpu_ms_per_request": round(1000 * bare_cpu / len(empty), 3),
+                    "errors": bad}  # fmt: skip
     if proc.poll() is None and not args.sigterm_at:  # (--sigterm-at has sent it already)
         proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=300)
@@ -264,7 +292,7 @@ def main() -> None:
     if is_export_dir(args.model):  # a served export against its own engine in-process
         translator = load_translator(args.model, device="cpu", threads=args.threads)
     else:
-        translator = Translator.load(args.model, device="cpu")
+        translator = Translator.load(args.model, device=args.device)
     every = [s for q in requests for s in q]
     cfg = translator.settings(beam=args.beam) if args.beam else translator.cfg
     translator.translate_hyps(corpus[:8], cfg)  # warm up
@@ -293,6 +321,7 @@ def main() -> None:
     m = run["metrics"]
     report = {
         "cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "device": str(getattr(translator, "device", "cpu")),
         "server_cpus": sorted(args.server_cpus or []),
         "client_cpus": sorted(args.client_cpus or []),
         "model": str(args.model), "corpus": str(corpus_path), "requests": len(requests),
@@ -320,8 +349,17 @@ def main() -> None:
                                                   / (len(every) / local_cpu), 3)
         if server_cpu else None,
         "translations_differing_from_in_process": differ,
+        "overhead": overhead,
         "server_exit_code": exit_code,
     }  # fmt: skip
+    if overhead:
+        # At best the model costs what it costs in-process, and each request adds the bare
+        # request's CPU: the served / in-process (per CPU s) ratio this server can reach.
+        model_s = local_cpu / len(every)
+        per_sentence = overhead["server_cpu_ms_per_request"] / 1000 * len(requests) / len(every)
+        overhead["ceiling_served_over_in_process_per_cpu_s"] = round(
+            model_s / (model_s + per_sentence), 3
+        )
     if m:
         batches = metric(m, "aiayn_batch_sentences_count") or 1
         report["mean_sentences_per_batch"] = round(metric(m, "aiayn_batch_sentences_sum")
