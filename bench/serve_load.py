@@ -318,6 +318,14 @@ def main() -> None:
 
     served_rate = served_sentences / run["wall"]
     local_rate = len(every) / local_s
+    if overhead:
+        # At best the model costs what it costs in-process, and each request adds the bare
+        # request's CPU: the served / in-process (per CPU s) ratio this server can reach.
+        model_s = local_cpu / len(every)
+        per_sentence = overhead["server_cpu_ms_per_request"] / 1000 * len(requests) / len(every)
+        overhead["ceiling_served_over_in_process_per_cpu_s"] = round(
+            model_s / (model_s + per_sentence), 3
+        )
     m = run["metrics"]
     report = {
         "cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
@@ -352,14 +360,6 @@ def main() -> None:
         "overhead": overhead,
         "server_exit_code": exit_code,
     }  # fmt: skip
-    if overhead:
-        # At best the model costs what it costs in-process, and each request adds the bare
-        # request's CPU: the served / in-process (per CPU s) ratio this server can reach.
-        model_s = local_cpu / len(every)
-        per_sentence = overhead["server_cpu_ms_per_request"] / 1000 * len(requests) / len(every)
-        overhead["ceiling_served_over_in_process_per_cpu_s"] = round(
-            model_s / (model_s + per_sentence), 3
-        )
     if m:
         batches = metric(m, "aiayn_batch_sentences_count") or 1
         report["mean_sentences_per_batch"] = round(metric(m, "aiayn_batch_sentences_sum")
