@@ -91,25 +91,27 @@ def sample_seed(seed: int, line_no: int) -> int:
 
 def check_decode_config(cfg: DecodeConfig) -> None:
     """Raise a one-line ConfigError for settings no search can honour."""
-    checks = [
-        (cfg.beam_size >= 1, f"beam size must be at least 1, got {cfg.beam_size}"),
-        (cfg.nbest >= 1, f"nbest must be at least 1, got {cfg.nbest}"),
-        (
-            cfg.sample or cfg.nbest <= cfg.beam_size,
-            f"nbest={cfg.nbest} cannot exceed the beam size {cfg.beam_size}",
-        ),
-        (
-            all(math.isfinite(x) for x in (cfg.alpha, cfg.temperature, cfg.top_p, cfg.max_len_a)),
-            "alpha, temperature, top_p and max_len_a must be finite numbers",
-        ),
-        (cfg.temperature > 0, f"temperature must be positive, got {cfg.temperature}"),
-        (0.0 < cfg.top_p <= 1.0, f"top_p must be in (0, 1], got {cfg.top_p}"),
-        (cfg.top_k >= 0, f"top_k must be >= 0 (0 = off), got {cfg.top_k}"),
-        (cfg.min_len >= 0, f"min_len must be >= 0, got {cfg.min_len}"),
-        (cfg.max_len_a >= 0 and cfg.max_len_b >= 0, "max_len_a and max_len_b must be >= 0"),
-        (cfg.max_tokens >= 0, f"max_tokens must be >= 0 (0 = the model's), got {cfg.max_tokens}"),
-        (cfg.alpha >= 0, f"length penalty alpha must be >= 0, got {cfg.alpha}"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
+    # One `if` each, so a message is only formatted when it is raised: the server checks the
+    # settings of every request.
+    if cfg.beam_size < 1:
+        raise ConfigError(f"beam size must be at least 1, got {cfg.beam_size}")
+    if cfg.nbest < 1:
+        raise ConfigError(f"nbest must be at least 1, got {cfg.nbest}")
+    if not cfg.sample and cfg.nbest > cfg.beam_size:
+        raise ConfigError(f"nbest={cfg.nbest} cannot exceed the beam size {cfg.beam_size}")
+    if not all(map(math.isfinite, (cfg.alpha, cfg.temperature, cfg.top_p, cfg.max_len_a))):
+        raise ConfigError("alpha, temperature, top_p and max_len_a must be finite numbers")
+    if cfg.temperature <= 0:
+        raise ConfigError(f"temperature must be positive, got {cfg.temperature}")
+    if not 0.0 < cfg.top_p <= 1.0:
+        raise ConfigError(f"top_p must be in (0, 1], got {cfg.top_p}")
+    if cfg.top_k < 0:
+        raise ConfigError(f"top_k must be >= 0 (0 = off), got {cfg.top_k}")
+    if cfg.min_len < 0:
+        raise ConfigError(f"min_len must be >= 0, got {cfg.min_len}")
+    if cfg.max_len_a < 0 or cfg.max_len_b < 0:
+        raise ConfigError("max_len_a and max_len_b must be >= 0")
+    if cfg.max_tokens < 0:
+        raise ConfigError(f"max_tokens must be >= 0 (0 = the model's), got {cfg.max_tokens}")
+    if cfg.alpha < 0:
+        raise ConfigError(f"length penalty alpha must be >= 0, got {cfg.alpha}")

@@ -126,10 +126,14 @@ class Server:
         if not hmac.compare_digest(given.encode(), self.opts.api_key.encode()):
             raise ApiError(403, "invalid API key")
 
-    def capped(self, cfg: DecodeConfig, max_tokens: int | None = None) -> DecodeConfig:
-        """`cfg` within the server's output budget per sentence (--max-output-tokens)."""
+    def output_cap(self, max_tokens: int | None = None) -> int:
+        """Output tokens per sentence within the server's budget (--max-output-tokens)."""
         limit = self.limits.max_output_tokens
-        return dataclasses.replace(cfg, max_tokens=min(max_tokens or limit, limit))
+        return min(max_tokens or limit, limit)
+
+    def capped(self, cfg: DecodeConfig) -> DecodeConfig:
+        """`cfg` within the server's output budget per sentence."""
+        return dataclasses.replace(cfg, max_tokens=self.output_cap())
 
     async def run(self, request: Request, submit: Callable[[], Job]) -> Any:
         """Queue a job for the model and wait for it: 503 when it cannot be answered in time;
@@ -243,20 +247,21 @@ class Server:
         given = body.model_dump(exclude_none=True, exclude={"q", "api_key"})
         fields = {"beam": "beam_size"}
         given = {fields.get(k, k): v for k, v in given.items()}
-        max_tokens = given.pop("max_tokens", None)
-        cfg = self.capped(self.translator.cfg, max_tokens)
-        sample = given.get("sample", cfg.sample)
+        given["max_tokens"] = self.output_cap(given.get("max_tokens"))
+        default = self.translator.cfg
+        sample = given.get("sample", default.sample)
         if "nbest" in given and not sample:  # n-best of a beam search needs a beam that wide
-            given["beam_size"] = max(given.get("beam_size", cfg.beam_size), given["nbest"])
+            given["beam_size"] = max(given.get("beam_size", default.beam_size), given["nbest"])
         try:
-            cfg = self.translator.settings(**{**dataclasses.asdict(cfg), **given})
+            cfg = self.translator.settings(**given)
         except AiaynError as e:
             raise ApiError(422, str(e)) from None
         check_sizes(items, self.limits, cfg.nbest if cfg.sample else cfg.beam_size)
         results = await self.translate(request, items, cfg)
         translations = [{"text": r[0].text, "hypotheses": [_hypothesis(t) for t in r]}
                         for r in results]  # fmt: skip
-        return {"translations": translations, "settings": dataclasses.asdict(cfg)}
+        # A shallow copy, not dataclasses.asdict: the fields are numbers, nothing to copy deeply.
+        return {"translations": translations, "settings": dict(vars(cfg))}
 
     async def v1_explain(self, request: Request, body: Any) -> dict[str, Any]:
         if self.engine is not None:
