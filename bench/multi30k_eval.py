@@ -11,6 +11,11 @@ greedy and beam 4; other search settings are the model's own, from its run's [de
 
     python bench/multi30k_eval.py --model runs/m30k_de_en --src de --tgt en
     python bench/multi30k_eval.py --model runs/m30k_en_de_avg10 --src en --tgt de --beams 1,4,5
+    python bench/multi30k_eval.py --model M --src en --tgt de --tokenized   # a model of tok/
+
+`--tokenized`: the model was trained on `tok/` (lowercased, tokenized text, as the published
+figures' models were): it translates `tok/`'s test sources and its outputs are scored as they
+are against `tok/` (no cased sacreBLEU: there is nothing cased to compare; chrF against `tok/`).
 
 Prints one JSON object on its last line. Needs `pip install -e ".[bench]"` (sacremoses).
 """
@@ -52,34 +57,43 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--beams", default="1,4", help="comma-separated beam sizes")
     p.add_argument("--alpha", type=float, help="length penalty (default: the model's [decode])")
+    p.add_argument(
+        "--tokenized",
+        action="store_true",
+        help="a model trained on tok/: tok/ sources, outputs scored as they are",
+    )
     args = p.parse_args()
     if not args.data.is_dir():
         sys.exit(f"multi30k_eval: Multi30k not found at {args.data}")
     translator = Translator.load(args.model)
     alpha = {} if args.alpha is None else {"alpha": args.alpha}
-    results: dict[str, dict[str, dict[str, float | str]]] = {}
+    results: dict[str, dict[str, dict[str, float | str | None]]] = {}
     for test in TESTS:
-        src = read(args.data / "raw" / f"{test}.{args.src}")
-        ref_raw = read(args.data / "raw" / f"{test}.{args.tgt}")
         ref_tok = read(args.data / "tok" / f"{test}.lc.norm.tok.{args.tgt}")
+        if args.tokenized:
+            src = read(args.data / "tok" / f"{test}.lc.norm.tok.{args.src}")
+            ref_raw = ref_tok  # chrF's reference; no cased sacreBLEU
+        else:
+            src = read(args.data / "raw" / f"{test}.{args.src}")
+            ref_raw = read(args.data / "raw" / f"{test}.{args.tgt}")
         for beam in (int(b) for b in args.beams.split(",")):
             t0 = time.monotonic()
             hyps = translator.translate(src, beam=beam, **alpha)
             seconds = time.monotonic() - t0
-            detok = sacrebleu.corpus_bleu(hyps, [ref_raw])
-            tok = sacrebleu.corpus_bleu(
-                moses_lc_tok(hyps, args.tgt), [ref_tok], tokenize="none", force=True
-            )
+            as_tok = hyps if args.tokenized else moses_lc_tok(hyps, args.tgt)
+            tok = sacrebleu.corpus_bleu(as_tok, [ref_tok], tokenize="none", force=True)
+            detok = None if args.tokenized else sacrebleu.corpus_bleu(hyps, [ref_raw]).score
             chrf = sacrebleu.corpus_chrf(hyps, [ref_raw])
             name = "greedy" if beam == 1 else f"beam{beam}"
             results.setdefault(test, {})[name] = {
                 "tok_bleu": round(tok.score, 2),
-                "sacrebleu": round(detok.score, 2),
+                "sacrebleu": None if detok is None else round(detok, 2),
                 "chrf": round(chrf.score, 2),
                 "seconds": round(seconds, 1),
             }
-            print(f"{test} {name:7s} tokenized BLEU {tok.score:5.2f}  sacreBLEU {detok.score:5.2f}"
-                  f"  chrF {chrf.score:5.2f}  ({seconds:.0f} s)", flush=True)  # fmt: skip
+            cased = "" if detok is None else f"  sacreBLEU {detok:5.2f}"
+            print(f"{test} {name:7s} tokenized BLEU {tok.score:5.2f}{cased}  chrF {chrf.score:5.2f}"
+                  f"  ({seconds:.0f} s)", flush=True)  # fmt: skip
             out = Path(args.model) / f"{test}.{name}.{args.tgt}"
             out.write_text("\n".join(hyps) + "\n", encoding="utf-8")
     metric = sacrebleu.BLEU()

@@ -153,12 +153,16 @@ class RowSearch:
         self.tok_r1 = next_r[:, None]
         finished = []
         if bool(done_r.any()):
-            for r in done_r.nonzero()[:, 0].tolist():
-                n, eos = int(self.t_r[r]) - bool(is_eos_r[r]), bool(is_eos_r[r])
-                lp = float(self.log_prob_r[r])
-                hyp = Hypothesis(self.out_rT[r, :n].tolist(), lp, lp / length_penalty(n + eos,
-                                 cfg.alpha), eos)  # fmt: skip
-                finished.append((int(self.ids_r[r]), hyp))
+            done = done_r.nonzero()[:, 0]
+            eos_d = is_eos_r[done]
+            # One copy to the host for all the rows that ended: a value read row by row is a
+            # tensor op each (and, on a GPU, a wait for the device each).
+            ids, ns, eoss, lps, outs = (x.tolist() for x in (
+                self.ids_r[done], self.t_r[done] - eos_d.long(), eos_d, self.log_prob_r[done],
+                self.out_rT[done]))  # fmt: skip
+            for i, n, eos, lp, out in zip(ids, ns, eoss, lps, outs, strict=True):
+                hyp = Hypothesis(out[:n], lp, lp / length_penalty(n + eos, cfg.alpha), eos)
+                finished.append((i, hyp))
             self._retire(done_r)
         return finished
 
