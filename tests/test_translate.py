@@ -112,6 +112,17 @@ def test_metrics() -> None:
     assert buckets[0]["length_ratio"] == pytest.approx(3 / 6)
 
 
+def test_tokenized_text_warning_once(caplog: pytest.LogCaptureFixture) -> None:
+    """sacreBLEU's three-line warning about tokenized hypotheses (a model of tokenized text
+    writes them at every validation) reaches the log once per process, not once per score."""
+    lines = [f"a man number {i} sits on a bench ." for i in range(120)]
+    with caplog.at_level(logging.WARNING, logger="sacrebleu"):
+        for _ in range(3):
+            assert bleu(lines, lines).score == pytest.approx(100.0)
+    said = [r for r in caplog.records if "forgot to detokenize" in r.getMessage()]
+    assert len(said) <= 1  # (0 if an earlier test in this process has already been told)
+
+
 # --- the command line ---------------------------------------------------------------------------
 
 

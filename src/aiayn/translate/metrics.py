@@ -10,12 +10,33 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU, CHRF
 
 from aiayn.errors import DataError
+
+
+class _Once(logging.Filter):
+    """Each distinct message once per process. sacreBLEU warns in three lines whenever 100
+    hypotheses end in " ." (tokenized text): a model trained on tokenized text writes that at
+    every validation, so a run's log would repeat it a dozen times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+
+logging.getLogger("sacrebleu").addFilter(_Once())
 
 
 @dataclass(frozen=True)
