@@ -39,6 +39,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from aiayn.config import DecodeConfig
 from aiayn.search.beam import BeamSearch
@@ -86,11 +87,11 @@ def forced_scores(translator: Translator, srcs: Sequence[str], refs: Sequence[st
     }
 
 
-def _set_aside_all(self: BeamSearch, last: list[bool], top: TopK) -> list[bool]:
+def _set_aside_all(self: BeamSearch, last_b: Tensor, last: list[bool], top: TopK) -> list[bool]:
     """BeamSearch._set_aside without early termination: keep every ended hypothesis, and a
     sentence is done only at its length limit."""
     n, t_b = self.scores_bn.size(1), self.t_b.tolist()
-    for i, j in ending_candidates(top, last, self.N).nonzero().tolist():
+    for i, j in ending_candidates(top, last_b, self.N).nonzero().tolist():
         eos, t = bool(top.is_eos_bC[i, j]), t_b[i]
         row = i * n + int(top.beam_bC[i, j])
         toks = self.tokens_rT[row, 1 : t + 1].tolist() + ([] if eos else [int(top.tok_bC[i, j])])

@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig, ModelConfig
 from aiayn.errors import ConfigError
@@ -628,3 +629,61 @@ def test_a_joined_cache_grows_and_drops_the_columns_no_row_sees(eos_model: Trans
         assert [row for f in finished for row, _ in f] == [0]  # the first row's limit: 6
         run.add(random_batch([2], 3))  # no row sees columns 0..2 any more: they are dropped
         assert run.cache.start_B.tolist() == [0, 3] and run.cache.length == 3
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the ops that read a tensor's values on the host (`int(t)`, `bool(t)`, `nonzero`'s
+    size; `tolist` is counted by `reading_host`): on a GPU each is a wait for the device."""
+
+    READS = frozenset({"item", "_local_scalar_dense", "is_nonzero", "nonzero"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.count += func.overloadpacket.__name__ in self.READS
+        return func(*args, **(kwargs or {}))
+
+
+def reading_host(monkeypatch: pytest.MonkeyPatch) -> HostReads:
+    reads = HostReads()
+    tolist = torch.Tensor.tolist
+
+    def counted(t: torch.Tensor) -> Any:
+        reads.count += 1
+        return tolist(t)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counted)
+    return reads
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_step_reads_the_host_a_fixed_number_of_times(
+    eos_model: Transformer, monkeypatch: pytest.MonkeyPatch, beam: int
+) -> None:
+    """However many hypotheses end at a step, a search step copies values to the host a fixed
+    number of times (a GPU waits for the device at each), not once per value it reads."""
+    from aiayn.search.beam import BeamSearch
+    from aiayn.search.rows import RowSearch
+
+    src = random_batch([3, 9, 5, 7, 4, 8, 6, 9, 3, 5, 7, 8] * 2, seed=3)
+    cfg = DecodeConfig(beam_size=beam, nbest=beam, max_len_a=1.0, max_len_b=4)
+    run = BeamSearch(eos_model, cfg) if beam > 1 else RowSearch(eos_model, cfg)
+
+    def set_aside() -> int:  # hypotheses that ended so far, returned or not
+        return returned + sum(map(len, run.ended.values())) if beam > 1 else returned
+
+    reads = reading_host(monkeypatch)
+    most_reads, most_ended, returned = 0, 0, 0
+    with torch.inference_mode():
+        run.add(src)
+        while run.live:
+            before, reads.count = set_aside(), 0
+            with reads:
+                done = run.step()
+            returned += sum(len(h) for _, h in done) if beam > 1 else len(done)
+            most_reads = max(most_reads, reads.count)
+            most_ended = max(most_ended, set_aside() - before)
+    assert most_ended >= 8  # steps where many end: one read per value would be dozens
+    assert most_reads <= (5 if beam > 1 else 4)  # greedy: + nonzero when the batch is compacted

@@ -152,18 +152,17 @@ class RowSearch:
         self.steps += 1
         self.tok_r1 = next_r[:, None]
         finished = []
-        if bool(done_r.any()):
-            done = done_r.nonzero()[:, 0]
-            eos_d = is_eos_r[done]
-            # One copy to the host for all the rows that ended: a value read row by row is a
-            # tensor op each (and, on a GPU, a wait for the device each).
-            ids, ns, eoss, lps, outs = (x.tolist() for x in (
-                self.ids_r[done], self.t_r[done] - eos_d.long(), eos_d, self.log_prob_r[done],
-                self.out_rT[done]))  # fmt: skip
-            for i, n, eos, lp, out in zip(ids, ns, eoss, lps, outs, strict=True):
-                hyp = Hypothesis(out[:n], lp, lp / length_penalty(n + eos, cfg.alpha), eos)
+        done = done_r.nonzero()[:, 0]  # read every step: the one wait for the device when none ends
+        if len(done):
+            eos_d = is_eos_r[done].long()
+            # The rows that ended come to the host in two copies (integers, log-probabilities),
+            # not one read per value: a tensor op each, and on a GPU a wait for the device each.
+            head_d3 = torch.stack([self.ids_r[done], self.t_r[done] - eos_d, eos_d], 1)
+            rows = torch.cat([head_d3, self.out_rT[done]], 1).tolist()
+            for (i, n, eos, *out), lp in zip(rows, self.log_prob_r[done].tolist(), strict=True):
+                hyp = Hypothesis(out[:n], lp, lp / length_penalty(n + eos, cfg.alpha), bool(eos))
                 finished.append((i, hyp))
-            self._retire(done_r)
+            self._retire(done_r, len(done))
         return finished
 
     def drop(self, ids: set[int]) -> None:
@@ -172,13 +171,14 @@ class RowSearch:
             gone = [i in ids for i in self.ids_r.tolist()]
             gone_r = torch.tensor(gone, dtype=torch.bool, device=self.ids_r.device)
             gone_r &= self.alive_r
-            if bool(gone_r.any()):
-                self._retire(gone_r)
+            count = int(gone_r.sum())
+            if count:
+                self._retire(gone_r, count)
 
-    def _retire(self, ended_r: Tensor) -> None:
-        """Rows `ended_r` are dead; the batch is compacted when too many are."""
+    def _retire(self, ended_r: Tensor, count: int) -> None:
+        """The `count` live rows `ended_r` are dead; the batch is compacted when too many are."""
         self.alive_r = self.alive_r & ~ended_r
-        self.live = int(self.alive_r.sum())
+        self.live -= count
         if self.live == 0:  # the next `add` starts afresh
             self.memory = self.cache = None  # type: ignore[assignment]
         elif len(self.alive_r) - self.live > self.compact * len(self.alive_r):

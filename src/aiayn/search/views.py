@@ -144,12 +144,12 @@ class TopK(NamedTuple):
     is_eos_bC: Tensor
 
 
-def ending_candidates(top: TopK, last: list[bool], N: int) -> Tensor:
+def ending_candidates(top: TopK, last_b: Tensor, N: int) -> Tensor:
     """Which candidates end this step: EOS among the N best, or any of the N best at the
-    length limit; never one with probability 0."""
+    length limit (`last_b`: which sentences are there); never one with probability 0."""
     ends_bC = top.is_eos_bC.clone()
     ends_bC[:, N:] = False
-    ends_bC[torch.tensor(last, device=ends_bC.device), :N] = True
+    ends_bC[:, :N] |= last_b[:, None]
     return ends_bC & (top.scores_bC > float("-inf"))
 
 
@@ -184,7 +184,8 @@ def beam_view(
             zip(st.tokens_rT[:, 1 : t + 1].tolist(), st.scores_bn.view(-1).tolist(), strict=True)
         )
     )
-    ends, alive = ending_candidates(top, st.last, N).tolist(), alive_bN.tolist()
+    last_b = torch.tensor(st.last, dtype=torch.bool, device=alive_bN.device)
+    ends, alive = ending_candidates(top, last_b, N).tolist(), alive_bN.tolist()
     scores, beams, toks, eos = (x.tolist() for x in top)
     lp_t = length_penalty(t + 1, alpha)
     cands: list[Candidate] = []
