@@ -131,9 +131,9 @@ def choose_precision(
     auto: bf16 autocast where the hardware has it natively, else fp32 (with TF32 on a CUDA GPU
     that lacks bf16). For `decoding` on a CPU, auto is fp32 even with native bf16: the decoder's
     CPU fast path is oneDNN-prepacked fp32 weights, which autocast would bypass, and bf16
-    decoding measured slower there (AMD EPYC Zen 4: 1.1-1.3x the time, docs/decoding.md). An explicit "fp32" is strict fp32, TF32 off:
-    what parity checks want. An explicit "bf16" where it is only emulated is honoured, with a
-    warning.
+    decoding measured slower there (AMD EPYC Zen 4: 1.1-1.3x the time, docs/decoding.md).
+    An explicit "fp32" is strict fp32, TF32 off: what parity checks want. An explicit "bf16"
+    where it is only emulated is honoured, with a warning.
     """
     if requested not in DTYPES:
         raise ConfigError(f"{what}={requested!r}: choose one of {list(DTYPES)}")
