@@ -687,3 +687,27 @@ def test_a_step_reads_the_host_a_fixed_number_of_times(
             most_ended = max(most_ended, set_aside() - before)
     assert most_ended >= 8  # steps where many end: one read per value would be dozens
     assert most_reads <= (5 if beam > 1 else 4)  # greedy: + nonzero when the batch is compacted
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_joining_a_running_search_reads_the_host_a_fixed_number_of_times(
+    eos_model: Transformer, monkeypatch: pytest.MonkeyPatch, beam: int
+) -> None:
+    """Sentences joining a running search (a server admits some every few steps) cost a fixed
+    number of host reads, rows that ended or not."""
+    from aiayn.search.beam import BeamSearch
+    from aiayn.search.rows import RowSearch
+
+    src = random_batch([3, 9, 5, 7, 4, 8, 6, 9, 3, 5, 7, 8] * 2, seed=3)
+    cfg = DecodeConfig(beam_size=beam, nbest=beam, max_len_a=1.0, max_len_b=4)
+    run = BeamSearch(eos_model, cfg) if beam > 1 else RowSearch(eos_model, cfg, compact=1.0)
+    reads = reading_host(monkeypatch)
+    with torch.inference_mode():
+        run.add(src[:16])
+        for at in range(16, 24, 4):
+            run.step()
+            reads.count = 0
+            with reads:
+                run.add(src[at : at + 4])
+            # encoder's id check (on the CPU only), limits, dead rows left out, columns dropped
+            assert reads.count <= (4 if beam > 1 else 5)

@@ -79,8 +79,8 @@ class RowSearch:
             return []
         memory = self.model.encode(src_BS)
         limit_b = output_limits(self.model, memory, self.cfg)
-        ids = torch.arange(self.next_id, self.next_id + b, device=device)
-        self.next_id += b
+        first, self.next_id = self.next_id, self.next_id + b
+        ids = torch.arange(first, self.next_id, device=device)
         state = {
             "ids_r": ids,
             "limit_r": limit_b,
@@ -99,7 +99,8 @@ class RowSearch:
             if self.on_step is not None or self.cache is None:
                 raise ValueError("rows can join a running search only with the cache, unobserved")
             fresh = self.model.init_cache(memory, 1)  # its cross K/V; self K/V come from join
-            keep_r = None if bool(self.alive_r.all()) else self.alive_r.nonzero()[:, 0]
+            all_alive = self.live == len(self.alive_r)  # counted on the host: no device read
+            keep_r = None if all_alive else self.alive_r.nonzero()[:, 0]
             self.cache = self.cache.join(fresh, T, keep_r)  # dead rows are left out
             if keep_r is not None:
                 self._select(keep_r)
@@ -112,7 +113,7 @@ class RowSearch:
             for name, value in state.items():
                 setattr(self, name, torch.cat([getattr(self, name), value]))
         self.live += b
-        return ids.tolist()
+        return list(range(first, self.next_id))
 
     ids_r: Tensor  # each live row's id
     limit_r: Tensor  # its output-length limit
