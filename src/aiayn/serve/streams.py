@@ -217,7 +217,9 @@ class Streams:
                     for r, (e, sent) in zip(stream.run.add(src_BS), admit, strict=True):
                         stream.rows[r] = (e, sent)
                         stream.tokens += sent.cost
-                stream.sharing |= {id(e) for e, _ in stream.rows.values()}
+                    # Between admissions rows only leave, so the requests sharing the batch
+                    # change here (and at a report), not at every step.
+                    stream.sharing |= {id(e) for e, _ in admit}
                 finished = _step_search(stream.run)
         except Exception as e:  # answer the waiting requests, start the search afresh
             log.exception("model worker")
@@ -238,8 +240,8 @@ class Streams:
             done.append(entry.results[i])
             if entry.left == 0:
                 settle(entry.job.future, result=entry.results)
-        stream.entries = [e for e in stream.entries if e.left > 0 and not e.job.future.done()]
-        if done:
+        if done:  # answered requests leave (an abandoned one left with `gone` above)
+            stream.entries = [e for e in stream.entries if e.left > 0 and not e.job.future.done()]
             # requests: those whose rows shared the batch while these sentences were written
             self.report(batch_stats(len(stream.sharing), done, stream.seconds))
             stream.seconds, stream.sharing = 0.0, {id(e) for e, _ in stream.rows.values()}
