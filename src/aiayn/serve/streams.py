@@ -63,7 +63,7 @@ class _Stream:
     """One running search for one set of settings, and the sentences it serves."""
 
     run: RowSearch | BeamSearch
-    entries: list[_Entry] = field(default_factory=list)
+    entries: dict[_Entry, None] = field(default_factory=dict)  # in flight (an ordered set)
     # Sentences not admitted yet, by request (in order of arrival).
     waiting: dict[_Entry, deque[_Sentence]] = field(default_factory=dict)
     n_waiting: int = 0
@@ -176,7 +176,7 @@ class Streams:
         limits = max_output_lengths(src_lens, cfg.max_len_a, cfg.max_len_b, cap).tolist()
         floor = self.max_tokens // self.max_rows
         costs = [cfg.beam_size * max(n, floor) for n in limits]
-        stream.entries.append(entry)
+        stream.entries[entry] = None
         stream.waiting[entry] = deque(map(_Sentence, todo, ids, costs))
         stream.n_waiting += len(todo)
 
@@ -188,8 +188,7 @@ class Streams:
         if gone:
             for e in gone:
                 drop(e.job)
-            stream.entries = [e for e in stream.entries if e not in gone]
-            for e in gone:
+                del stream.entries[e]
                 stream.n_waiting -= len(stream.waiting.pop(e, ()))
             rows = {r for r, (e, _) in stream.rows.items() if e in gone}
             stream.run.drop(rows)
@@ -238,10 +237,10 @@ class Streams:
             entry.results[i] = [Translation(one_line(decode(h.tokens)), h, len(ids)) for h in hyps]
             entry.left -= 1
             done.append(entry.results[i])
-            if entry.left == 0:
+            if entry.left == 0:  # answered: it leaves (an abandoned one left with `gone` above)
                 settle(entry.job.future, result=entry.results)
-        if done:  # answered requests leave (an abandoned one left with `gone` above)
-            stream.entries = [e for e in stream.entries if e.left > 0 and not e.job.future.done()]
+                del stream.entries[entry]
+        if done:
             # requests: those whose rows shared the batch while these sentences were written
             self.report(batch_stats(len(stream.sharing), done, stream.seconds))
             stream.seconds, stream.sharing = 0.0, {id(e) for e, _ in stream.rows.values()}
