@@ -133,13 +133,19 @@ def test_cli_json_and_write_a_cleaned_corpus(planted, tmp_path, capsys):
     assert text.startswith("48 training pairs (en -> de): ") and "misaligned" in text
 
 
-@pytest.mark.parametrize("problem", ["missing", "utf8", "lines"])
+@pytest.mark.parametrize("problem", ["missing", "directory", "utf8", "lines"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, problem):
     src, tgt = write_pairs(tmp_path, "train", clean_pairs())
-    message = {"missing": "corpus file not found", "utf8": "line 3 is not valid UTF-8",
-               "lines": "has 40 lines but"}[problem]  # fmt: skip
+    message = {
+        "missing": "corpus file not found",
+        "directory": "is a directory, not a file",
+        "utf8": "line 3 is not valid UTF-8",
+        "lines": "has 40 lines but",
+    }[problem]
     if problem == "missing":
         tgt = tmp_path / "nope.de"
+    elif problem == "directory":
+        tgt = tmp_path
     elif problem == "utf8":
         tgt.write_bytes(tgt.read_bytes().replace(b"Nummer 2 ", b"Nummer \xff "))
     else:

@@ -140,7 +140,8 @@ def raw_pairs(src: str | Path, tgt: str | Path | None) -> Iterator[tuple[str, st
     paths = [src] if not tgt else [src, Path(tgt)]
     for p in paths:
         if not p.is_file():
-            raise DataError(f"corpus file not found: {p}")
+            what = "is a directory, not a file" if p.is_dir() else "not found"
+            raise DataError(f"corpus file {what}: {p}")
         if p.stat().st_size == 0:
             raise DataError(f"corpus file is empty: {p}")
     return _tsv(src) if not tgt else _aligned(src, Path(tgt))
