@@ -44,7 +44,7 @@ from torch import Tensor
 from aiayn.config import DecodeConfig
 from aiayn.search.beam import BeamSearch
 from aiayn.search.settings import Hypothesis, length_penalty
-from aiayn.search.views import TopK, ending_candidates
+from aiayn.search.views import TopK
 from aiayn.text.batches import Example, collate
 from aiayn.translate.metrics import bleu
 from aiayn.translate.translator import Translator, read_file_lines
@@ -90,13 +90,7 @@ def forced_scores(translator: Translator, srcs: Sequence[str], refs: Sequence[st
 def _set_aside_all(self: BeamSearch, last_b: Tensor, last: list[bool], top: TopK) -> list[bool]:
     """BeamSearch._set_aside without early termination: keep every ended hypothesis, and a
     sentence is done only at its length limit."""
-    n, t_b = self.scores_bn.size(1), self.t_b.tolist()
-    for i, j in ending_candidates(top, last_b, self.N).nonzero().tolist():
-        eos, t = bool(top.is_eos_bC[i, j]), t_b[i]
-        row = i * n + int(top.beam_bC[i, j])
-        toks = self.tokens_rT[row, 1 : t + 1].tolist() + ([] if eos else [int(top.tok_bC[i, j])])
-        lp = float(top.scores_bC[i, j])
-        hyp = Hypothesis(toks, lp, lp / length_penalty(t + 1, self.cfg.alpha), eos)
+    for i, hyp in self.ending(last_b, top):
         self.ended[self.sents[i]].append(hyp)
     return list(last)
 

@@ -192,25 +192,33 @@ class BeamSearch:
     def _set_aside(self, last_b: Tensor, last: list[bool], top: TopK) -> list[bool]:
         """Move the hypotheses that end at this step into `ended`; return which sentences are
         done. A sentence keeps at most N ended hypotheses (the first N, in score order within a
-        step). Many candidates may end in one step (an EOS among a sentence's 2N best is
-        common), so their fields come to the host in three copies, not one read per value (a
-        tensor op each, and on a GPU a wait for the device each: ~100 at a step where 25-30
-        hypotheses end)."""
-        N, alpha, n = self.N, self.cfg.alpha, self.scores_bn.size(1)
-        at_e2 = ending_candidates(top, last_b, N).nonzero()  # (sentence, candidate), in order
-        if len(at_e2):
-            i_e, j_e = at_e2.unbind(1)
-            beam_e, tok_e = top.beam_bC[i_e, j_e], top.tok_bC[i_e, j_e]
-            fields = torch.stack([i_e, top.is_eos_bC[i_e, j_e].long(), tok_e, self.t_b[i_e]], 1)
-            rows = self.tokens_rT.index_select(0, i_e * n + beam_e).tolist()
-            scores = top.scores_bC[i_e, j_e].tolist()
-            for (i, eos, tok, t), row, lp in zip(fields.tolist(), rows, scores, strict=True):
-                ended = self.ended[self.sents[i]]
-                if len(ended) >= N:
-                    continue
-                toks = row[1 : t + 1] if eos else [*row[1 : t + 1], tok]
-                ended.append(Hypothesis(toks, lp, lp / length_penalty(t + 1, alpha), bool(eos)))
+        step)."""
+        N = self.N
+        for i, hyp in self.ending(last_b, top):
+            ended = self.ended[self.sents[i]]
+            if len(ended) < N:
+                ended.append(hyp)
         return [last[i] or len(self.ended[s]) >= N for i, s in enumerate(self.sents)]
+
+    def ending(self, last_b: Tensor, top: TopK) -> list[tuple[int, Hypothesis]]:
+        """(sentence index, hypothesis) of every candidate that ends at this step, in order.
+        Many may end in one step (an EOS among a sentence's 2N best is common), so their
+        fields come to the host in three copies, not one read per value (a tensor op each, and
+        on a GPU a wait for the device each: ~100 at a step where 25-30 hypotheses end)."""
+        alpha, n = self.cfg.alpha, self.scores_bn.size(1)
+        at_e2 = ending_candidates(top, last_b, self.N).nonzero()  # (sentence, candidate)
+        if not len(at_e2):
+            return []
+        i_e, j_e = at_e2.unbind(1)
+        beam_e, tok_e = top.beam_bC[i_e, j_e], top.tok_bC[i_e, j_e]
+        fields = torch.stack([i_e, top.is_eos_bC[i_e, j_e].long(), tok_e, self.t_b[i_e]], 1)
+        rows = self.tokens_rT.index_select(0, i_e * n + beam_e).tolist()
+        scores = top.scores_bC[i_e, j_e].tolist()
+        out = []
+        for (i, eos, tok, t), row, lp in zip(fields.tolist(), rows, scores, strict=True):
+            toks = row[1 : t + 1] if eos else [*row[1 : t + 1], tok]
+            out.append((i, Hypothesis(toks, lp, lp / length_penalty(t + 1, alpha), bool(eos))))
+        return out
 
 
 def run_whole(search: BeamSearch, src_BS: Tensor) -> list[list[Hypothesis]]:
