@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -11,7 +12,14 @@ from hypothesis import strategies as st
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID
 from aiayn.errors import DataError
-from aiayn.text.batches import Example, batch_plan, collate, encode_pairs, padding_efficiency
+from aiayn.text.batches import (
+    Example,
+    batch_plan,
+    collate,
+    encode_pairs,
+    padding_efficiency,
+    padding_parts,
+)
 from aiayn.text.corpus import MAX_LINE_CHARS, DataStats, hold_out, read_parallel
 from aiayn.text.tokenizer import Tokenizer
 
@@ -140,6 +148,24 @@ def test_batch_plan_partitions_and_respects_budget(seed, n, max_tokens, epoch):
         padded = len(idx) * max(b.src_BS.size(1), b.tgt_out_BT.size(1))
         assert padded <= max_tokens
     assert plan == batch_plan(exs, max_tokens, seed=seed, epoch=epoch)  # a pure function
+
+
+@settings(max_examples=50, deadline=None, derandomize=True)
+@given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=64), slack=st.integers(0, 80))
+def test_padding_parts_cut_a_batch_by_length_within_the_slack(sizes, slack):
+    """A server's admission cut for the encoder: every index once, parts longest first, each
+    part's padding within `slack`, and a part ends only where the next item would break it."""
+    parts = padding_parts(sizes, slack)
+    assert sorted(i for p in parts for i in p) == list(range(len(sizes)))
+    flat = [sizes[i] for p in parts for i in p]
+    assert flat == sorted(sizes, reverse=True)
+    for p, nxt in itertools.zip_longest(parts, parts[1:]):
+        width = sizes[p[0]]
+        assert len(p) * width - sum(sizes[i] for i in p) <= slack
+        if nxt is not None:  # the next item did not fit
+            assert (len(p) + 1) * width - sum(sizes[i] for i in p) - sizes[nxt[0]] > slack
+    assert len(padding_parts(sizes, 40 * 64)) == 1
+    assert all(len({sizes[i] for i in p}) == 1 for p in padding_parts(sizes, 0))
 
 
 def test_bucketing_beats_random_batching_on_padding():

@@ -30,6 +30,7 @@ from aiayn.search.settings import (
     top_p_filter,
 )
 from aiayn.search.views import StepView
+from aiayn.text.batches import padding_parts
 
 A, B_, C = 4, 5, 6  # the fake model's word ids
 V_FAKE = 7
@@ -483,12 +484,15 @@ def feed_arrivals(
     drop_at: tuple[int, int] | None,
     split_first: bool = False,
     after_step: Callable[[], None] = lambda: None,
+    slack: int | None = None,
 ) -> tuple[dict[int, Any], int | None]:
     """Run a steppable search (`RowSearch`, `BeamSearch`) as a server feeds it: sentence i of
     `src` joins at step `joins[i]` (an idle search takes the next arrival at once), the
     sentence admitted `drop_at[0]`-th is dropped at step `drop_at[1]`; `split_first` adds the
-    first arrivals in two `add`s before any step. Returns what each sentence ended with, and
-    the dropped one (each ends once, never after its drop)."""
+    first arrivals in two `add`s before any step. With `slack`, an `add` passes its sentences
+    in parts of similar length, each trimmed to its longest (`padding_parts`), as the server
+    does. Returns what each sentence ended with, and the dropped one (each ends once, never
+    after its drop)."""
     order: list[int] = []
     got: dict[int, Any] = {}
     pending = sorted(range(src.size(0)), key=lambda i: joins[i])
@@ -503,7 +507,13 @@ def feed_arrivals(
                 pending = [i for i in pending if i not in now]
                 parts = [now[:1], now[1:]] if split_first and step == 0 else [now]
                 for part in filter(None, parts):
-                    run.add(src[part])
+                    if slack is None:
+                        run.add(src[part])
+                    else:
+                        n = [int((src[i] != PAD_ID).sum()) for i in part]
+                        cut = padding_parts(n, slack)
+                        run.add(*[src[[part[j] for j in c], : n[c[0]]] for c in cut])
+                        part = [part[j] for c in cut for j in c]  # the rows' order
                     order += part
             if drop_at is not None and drop_at[1] == step and drop_at[0] < len(order):
                 dropped = order[drop_at[0]]
@@ -524,6 +534,7 @@ def feed_arrivals(
     seed=st.integers(0, 10_000),
     compact=st.sampled_from([0.0, 0.5, 1.0]),
     drop_at=st.one_of(st.none(), st.tuples(st.integers(0, 6), st.integers(0, 8))),
+    slack=st.sampled_from([None, 0, 3]),
 )
 def test_rows_that_join_a_running_search_get_what_they_get_alone(
     eos_model: Transformer,
@@ -533,11 +544,13 @@ def test_rows_that_join_a_running_search_get_what_they_get_alone(
     seed: int,
     compact: float,
     drop_at: tuple[int, int] | None,
+    slack: int | None,
 ) -> None:
     """Continuous batching: sentences admitted at later steps (their cache rows joining at the
     current column) end with the hypotheses greedy search gives them in a batch of their own,
-    whether finished rows leave at once or stay in the batch (`compact`), and whatever row
-    is dropped meanwhile (`drop_at`: that sentence, at that step)."""
+    whether finished rows leave at once or stay in the batch (`compact`), whatever row is
+    dropped meanwhile (`drop_at`: that sentence, at that step), and whether an admission is
+    encoded as one batch or in parts of similar length (`slack`)."""
     from aiayn.search.rows import RowSearch
 
     src = random_batch(lengths, seed)
@@ -549,7 +562,7 @@ def test_rows_that_join_a_running_search_get_what_they_get_alone(
         if run.live:
             assert len(run.alive_r) - run.live <= compact * len(run.alive_r)
 
-    got, dropped = feed_arrivals(run, src, joins, drop_at, after_step=compacted)
+    got, dropped = feed_arrivals(run, src, joins, drop_at, after_step=compacted, slack=slack)
     if dropped is not None:
         got.setdefault(dropped, alone[dropped])  # it may have finished before its drop
     assert sorted(got) == list(range(len(lengths)))
@@ -570,6 +583,7 @@ def test_rows_that_join_a_running_search_get_what_they_get_alone(
     split_first=st.booleans(),
     limits=st.sampled_from([(1.0, 4), (0.5, 0)]),  # (0.5, 0): some end at the first step
     drop_at=st.one_of(st.none(), st.tuples(st.integers(0, 5), st.integers(0, 6))),
+    slack=st.sampled_from([None, 0, 3]),
 )
 def test_sentences_that_join_a_running_beam_search_get_what_they_get_alone(
     eos_model: Transformer,
@@ -582,12 +596,14 @@ def test_sentences_that_join_a_running_beam_search_get_what_they_get_alone(
     split_first: bool,
     limits: tuple[float, int],
     drop_at: tuple[int, int] | None,
+    slack: int | None,
 ) -> None:
     """Continuous batching for beam search: sentences admitted at later steps (N rows each,
     joining the cache at its current column) end with the N-best lists beam search gives them
     in a batch of their own, whatever sentence is dropped meanwhile, whether or not some end at
-    their first step (`limits`). `split_first`: the first arrivals come in two `add`s before
-    any step (the second finds the first not fanned out)."""
+    their first step (`limits`), whether an admission is encoded as one batch or in parts
+    (`slack`). `split_first`: the first arrivals come in two `add`s before any step (the
+    second finds the first not fanned out)."""
     from aiayn.search.beam import BeamSearch
 
     src = random_batch(lengths, seed)
@@ -601,7 +617,7 @@ def test_sentences_that_join_a_running_beam_search_get_what_they_get_alone(
         if run.live:
             assert run.tokens_rT.size(0) == run.live == run.cache.self_k[0].size(0)
 
-    got, dropped = feed_arrivals(run, src, joins, drop_at, split_first, rows_per_sentence)
+    got, dropped = feed_arrivals(run, src, joins, drop_at, split_first, rows_per_sentence, slack)
     if dropped is not None:
         got.setdefault(dropped, alone[dropped])  # it may have finished before its drop
     assert sorted(got) == list(range(len(lengths))) and not run.ended

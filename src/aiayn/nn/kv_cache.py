@@ -39,11 +39,13 @@ class Memory:
         output."""
         return Memory(self.out_BSD[:, :, :0], self.keep_BS)
 
-    def join(self, other: Memory) -> Memory:
-        """These rows, then `other`'s, padded to the longer source (padding is not kept)."""
-        S = max(self.keep_BS.size(1), other.keep_BS.size(1))
-        outs = [_pad_dim(m.out_BSD, 1, S) for m in (self, other)]
-        keeps = [_pad_dim(m.keep_BS, 1, S) for m in (self, other)]
+    def join(self, *others: Memory) -> Memory:
+        """These rows, then each of `others`', padded to the longest source (padding is not
+        kept), in one copy."""
+        every = (self, *others)
+        S = max(m.keep_BS.size(1) for m in every)
+        outs = [_pad_dim(m.out_BSD, 1, S) for m in every]
+        keeps = [_pad_dim(m.keep_BS, 1, S) for m in every]
         return Memory(torch.cat(outs), torch.cat(keeps))
 
 

@@ -15,7 +15,7 @@ from torch import Tensor
 from aiayn.config import DecodeConfig
 from aiayn.search.rows import pad_cols
 from aiayn.search.settings import Hypothesis, check_decode_config, length_penalty
-from aiayn.search.step import Decodable, check_stop, forbid, output_limits
+from aiayn.search.step import Decodable, check_stop, encode_parts, forbid, output_limits
 from aiayn.search.views import BeamState, OnStep, TopK, beam_view, ending_candidates
 
 
@@ -29,7 +29,7 @@ class BeamSearch:
     its beams reach its length limit, where the N best candidates end as they are. Done
     sentences leave the batch at once.
 
-    `add(src_BS)` encodes sentences and gives them ids (0, 1, ... in order of arrival);
+    `add(*parts)` encodes sentences and gives them ids (0, 1, ... in order of arrival);
     `step()` returns the (id, `cfg.nbest` best hypotheses) of each sentence done at that step;
     `drop(ids)` removes sentences nobody waits for. A fresh batch's first step feeds only BOS,
     the same for every beam, so it runs on one row per sentence whose N best tokens then fan
@@ -60,13 +60,15 @@ class BeamSearch:
     t_b: Tensor  # each sentence's step: tokens its beams have
     limit_b: Tensor  # its output-length limit
 
-    def add(self, src_BS: Tensor) -> list[int]:
-        """Encode `src_BS` (right-padded ids) and let its sentences take part from the next
-        step."""
-        special, device, b, N = self.model.cfg, src_BS.device, src_BS.size(0), self.N
-        if b == 0:
+    def add(self, *parts: Tensor) -> list[int]:
+        """Encode the sentences of `parts` (right-padded ids, each part one encoder batch:
+        `encode_parts`) and let them take part from the next step, in that order."""
+        parts = tuple(p for p in parts if p.size(0))
+        if not parts:
             return []
-        memory = self.model.encode(src_BS)
+        special, N = self.model.cfg, self.N
+        memory = encode_parts(self.model, parts)
+        device, b = memory.keep_BS.device, memory.keep_BS.size(0)
         limit_b = output_limits(self.model, memory, self.cfg)
         ids = list(range(self.next_id, self.next_id + b))
         self.next_id += b
@@ -75,7 +77,7 @@ class BeamSearch:
         if not self.sents:  # a fresh batch: the paper's search, every sentence at step 0
             self.cache = self.model.init_cache(memory, T)
             self.memory = memory.mask_only()  # a step with a filled cache reads only the mask
-            self.tokens_rT = _bos_rows(src_BS, b, T + 1, special.bos_id, special.pad_id)
+            self.tokens_rT = _bos_rows(device, b, T + 1, special.bos_id, special.pad_id)
             self.scores_bn = torch.zeros(b, 1, device=device)
             self.t_b = torch.zeros(b, dtype=torch.long, device=device)
             self.limit_b, self.sents, self.n = limit_b, ids, 1
@@ -94,7 +96,7 @@ class BeamSearch:
         width = max(self.tokens_rT.size(1), T + 1)
         self.tokens_rT = torch.cat([
             pad_cols(self.tokens_rT, width, special.pad_id),
-            _bos_rows(src_BS, b * N, width, special.bos_id, special.pad_id),
+            _bos_rows(device, b * N, width, special.bos_id, special.pad_id),
         ])  # fmt: skip
         self.scores_bn = torch.cat([self.scores_bn, _first_beam(self.scores_bn.new_zeros(b, 1), N)])
         self.t_b = torch.cat([self.t_b, torch.zeros(b, dtype=torch.long, device=device)])
@@ -230,8 +232,8 @@ def run_whole(search: BeamSearch, src_BS: Tensor) -> list[list[Hypothesis]]:
     return [found[i] for i in ids]
 
 
-def _bos_rows(like: Tensor, rows: int, width: int, bos_id: int, pad_id: int) -> Tensor:
-    out = like.new_full((rows, width), pad_id)
+def _bos_rows(device: torch.device, rows: int, width: int, bos_id: int, pad_id: int) -> Tensor:
+    out = torch.full((rows, width), pad_id, device=device)
     out[:, 0] = bos_id
     return out
 

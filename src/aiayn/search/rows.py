@@ -13,7 +13,7 @@ from torch import Tensor
 
 from aiayn.config import DecodeConfig
 from aiayn.search.settings import Hypothesis, check_decode_config, length_penalty
-from aiayn.search.step import Decodable, check_stop, forbid, output_limits
+from aiayn.search.step import Decodable, check_stop, encode_parts, forbid, output_limits
 from aiayn.search.views import OnStep, SingleRows, single_view
 
 # (log-probabilities (R, V), id of each live row (R,), each row's step (R,))
@@ -32,7 +32,7 @@ def pick_best(lp_rV: Tensor, rows_r: Tensor, t_r: Tensor) -> tuple[Tensor, Tenso
 class RowSearch:
     """One hypothesis per row (greedy, sampling), a step at a time; rows may join between steps.
 
-    `add(src_BS)` encodes sentences and gives them row ids (0, 1, ... in order of arrival);
+    `add(*parts)` encodes sentences and gives them row ids (0, 1, ... in order of arrival);
     `step()` extends every live row by one token and returns the rows that finished, with their
     hypotheses. Finished rows leave the batch (their memory and cache rows are dropped; see
     `compact`), so late steps only pay for sentences still being written; `drop(ids)` removes
@@ -72,12 +72,15 @@ class RowSearch:
         self.next_id = 0
         self.live = 0  # rows still being written (the batch may also hold dead ones)
 
-    def add(self, src_BS: Tensor) -> list[int]:
-        """Encode `src_BS` (right-padded ids) and let its rows take part from the next step."""
-        special, device, b = self.model.cfg, src_BS.device, src_BS.size(0)
-        if b == 0:
+    def add(self, *parts: Tensor) -> list[int]:
+        """Encode the rows of `parts` (right-padded ids, each part one encoder batch:
+        `encode_parts`) and let them take part from the next step, in that order."""
+        parts = tuple(p for p in parts if p.size(0))
+        if not parts:
             return []
-        memory = self.model.encode(src_BS)
+        special = self.model.cfg
+        memory = encode_parts(self.model, parts)
+        device, b = memory.keep_BS.device, memory.keep_BS.size(0)
         limit_b = output_limits(self.model, memory, self.cfg)
         first, self.next_id = self.next_id, self.next_id + b
         ids = torch.arange(first, self.next_id, device=device)
@@ -86,14 +89,14 @@ class RowSearch:
             "limit_r": limit_b,
             "t_r": torch.zeros(b, dtype=torch.long, device=device),
             "log_prob_r": torch.zeros(b, dtype=torch.float64, device=device),
-            "tok_r1": src_BS.new_full((b, 1), special.bos_id),
+            "tok_r1": torch.full((b, 1), special.bos_id, device=device),
             "alive_r": torch.ones(b, dtype=torch.bool, device=device),
         }
         T = int(limit_b.max())
         if self.live == 0:  # a fresh batch: the paper's search, every row at step 0
             self.cache = self.model.init_cache(memory, T) if self.use_cache else None
             self.memory = memory.mask_only() if self.use_cache else memory
-            self.out_rT = src_BS.new_full((b, T), special.pad_id)
+            self.out_rT = torch.full((b, T), special.pad_id, device=device)
             self.__dict__.update(state)
         else:
             if self.on_step is not None or self.cache is None:
@@ -108,7 +111,7 @@ class RowSearch:
             width = max(self.out_rT.size(1), T)
             self.out_rT = torch.cat([
                 pad_cols(self.out_rT, width, special.pad_id),
-                src_BS.new_full((b, width), special.pad_id),
+                torch.full((b, width), special.pad_id, device=device),
             ])  # fmt: skip
             for name, value in state.items():
                 setattr(self, name, torch.cat([getattr(self, name), value]))

@@ -1,12 +1,12 @@
 """What every search does at every step, one owner each: the narrow model interface it runs
-over (`Decodable`), inference mode, per-sentence output limits, stopping from outside
-(`stop_when`) and the tokens it never emits (`forbid`).
+over (`Decodable`), encoding a batch in parts, inference mode, per-sentence output limits,
+stopping from outside (`stop_when`) and the tokens it never emits (`forbid`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Protocol
 
@@ -48,6 +48,14 @@ def inference(model: object) -> Iterator[None]:
     finally:
         if was_training:
             model.train()  # type: ignore[attr-defined]
+
+
+def encode_parts(model: Decodable, parts: Sequence[Tensor]) -> Memory:
+    """The memory of the rows of `parts` (right-padded ids) in their order, each part encoded
+    as a batch of its own: parts of similar lengths (`text.batches.padding_parts`) spare the
+    encoder the padding one batch of them all would carry."""
+    first, *rest = [model.encode(src_BS) for src_BS in parts]
+    return first.join(*rest) if rest else first
 
 
 def output_limits(model: Decodable, memory: Memory, cfg: DecodeConfig) -> Tensor:

@@ -3,6 +3,7 @@
 encode_pairs(pairs, tok)     SentencePiece ids; pairs longer than max_len dropped, counted
 batch_plan(examples, ...)    index lists whose padded size B * max_len fits `max_tokens`
 cut_batches(order, sizes, n) the token-budget rule itself (translation and serving use it)
+padding_parts(sizes, slack)  a batch cut into parts of similar length (a server's admissions)
 collate(examples, indices)   a padded `Batch` (src = ids + EOS, tgt_in = BOS + ids,
                              tgt_out = ids + EOS); `pad_rows` is the one padding function
 """
@@ -143,6 +144,29 @@ def cut_batches(order: Sequence[int], sizes: Sequence[int], max_tokens: int) -> 
     if cur:
         batches.append(cur)
     return batches
+
+
+def padding_parts(sizes: Sequence[int], slack: int) -> list[list[int]]:
+    """Indices of one batch, longest first, cut into parts of similar size: a part takes the
+    next (shorter) item while its padding (count x its largest size - their sum) stays at most
+    `slack`. Every index is in exactly one part; `slack` 0 gives parts of equal sizes, a large
+    one a single part.
+
+    A server admits sentences as they arrive, not sorted like a file: one padded encoder batch
+    of them wastes a third to a half of its positions (docs/benchmarks.md). `slack` is the
+    padding a part may waste before another part (one more pass of the encoder's ops over
+    fewer rows) costs less."""
+    order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
+    parts: list[list[int]] = []
+    real = 0  # the last part's summed sizes; its first (largest) size is its padded width
+    for i in order:
+        if parts and (len(parts[-1]) + 1) * sizes[parts[-1][0]] - real - sizes[i] <= slack:
+            parts[-1].append(i)
+            real += sizes[i]
+        else:
+            parts.append([i])
+            real = sizes[i]
+    return parts
 
 
 def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> Tensor:
