@@ -539,6 +539,42 @@ def test_beam_requests_join_a_running_beam_search_within_the_row_bound(translato
                 assert a.hyp.score == pytest.approx(b.hyp.score, abs=1e-4)
 
 
+@pytest.mark.parametrize("beam", [1, 3])
+def test_an_admitted_group_is_encoded_in_parts_and_answers_stay_translates(translator, beam):
+    """Sentences admitted together are encoded in parts of similar length (`padding_parts`;
+    slack 0 here: one source length per part, where the test model's own slack keeps one
+    part), and every request still gets what `aiayn translate` gives its lines."""
+    from aiayn.serve.streams import Streams
+    from aiayn.text.batches import padding_parts
+
+    streams = Streams(translator, 6 * beam, lambda stats: None)  # room for all six at once
+    streams.slack = 0
+    assert len(padding_parts([1, 2, 3], streams.slack)) == 3
+    model, encoded = translator.model, []
+    encode = model.encode
+
+    def counted(src_BS):  # the real encoder; only the batch sizes are recorded
+        encoded.append(src_BS.size(0))
+        return encode(src_BS)
+
+    model.encode = counted
+    try:
+        cfg = translator.settings(beam=beam)
+        lines = [["two", "seven hundred and one"], ["forty-two", "ten", "nine"], ["six"]]
+        jobs = [Job(x, cfg, deadline=time.monotonic() + 60) for x in lines]
+        for job in jobs:
+            streams.take(job, cfg)
+        while streams:
+            streams.step()
+    finally:
+        del model.encode
+    assert sum(encoded) == 6 and len(encoded) > 1  # one admission, several parts
+    for job in jobs:
+        expected = translator.translate_hyps(job.lines, cfg)
+        got = job.future.result(0)
+        assert [[t.text for t in r] for r in got] == [[e.text for e in x] for x in expected]
+
+
 def test_running_searches_hold_at_most_the_token_budget(translator):
     """Rows x output-length limit of the sentences in flight stay within the turns' token
     budget (a sentence over it alone runs alone), so a request that forbids EOS up to a long
