@@ -9,7 +9,7 @@ The same sentences two ways, in one process, CPU time (`time.process_time`), the
 - **continuous**: one greedy `RowSearch` (or, with `--beam N`, one `BeamSearch`: N rows a
   sentence) fed as `aiayn serve` feeds it: at most `--rows` rows in flight, sentences admitted
   in arrival order in groups once `--rows` / 4 rows are free (or all that wait fit), finished
-  greedy rows compacted at `--compact` (the server's 0.25).
+  rows leaving at once.
 
 Both give the same translations (checked). Their ratio is the engine's share of the served /
 in-process gap; `bench/serve_load.py` measures the rest (HTTP, JSON, clients). The continuous
@@ -35,13 +35,11 @@ from aiayn.translate.translator import Translator
 
 
 def continuous(
-    tr: Translator, ids: list[list[int]], rows: int, compact: float, cfg: DecodeConfig
+    tr: Translator, ids: list[list[int]], rows: int, cfg: DecodeConfig
 ) -> tuple[dict[int, list[int]], float, float, int]:
     """(tokens by sentence, seconds admitting, seconds stepping, admissions)."""
     N = cfg.beam_size
-    run: RowSearch | BeamSearch = (
-        RowSearch(tr.model, cfg, compact=compact) if N == 1 else BeamSearch(tr.model, cfg)
-    )
+    run: RowSearch | BeamSearch = RowSearch(tr.model, cfg) if N == 1 else BeamSearch(tr.model, cfg)
     out: dict[int, list[int]] = {}
     at = admissions = 0
     admitting = stepping = 0.0
@@ -67,7 +65,6 @@ def main() -> None:
     p.add_argument("--corpus", type=Path, help="a sentence a line (default MODEL/../data/test.en)")
     p.add_argument("--sentences", type=int, default=6000, help="taken in order, cycling")
     p.add_argument("--rows", type=int, default=128, help="rows in flight (serve --chunk-rows)")
-    p.add_argument("--compact", type=float, default=0.25)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--beam", type=int, default=0, help="default: the model's setting")
@@ -86,14 +83,14 @@ def main() -> None:
         whole = tr.translate_hyps(lines, cfg)
         whole_s = min(whole_s, time.process_time() - t0)
         t0 = time.process_time()
-        got, admitting, stepping, admissions = continuous(tr, ids, args.rows, args.compact, cfg)
+        got, admitting, stepping, admissions = continuous(tr, ids, args.rows, cfg)
         if time.process_time() - t0 < cont_s:
             cont_s, split = time.process_time() - t0, (admitting, stepping, admissions)
     differ = sum(tr.tokenizer.decode(got[i]) != whole[i][0].text for i in range(len(lines)))
     print(json.dumps({
         "cpu": cpu_name(), "date": str(date.today()), "model": str(args.model),
         "threads": args.threads, "sentences": len(lines), "rows": args.rows,
-        "compact": args.compact, "beam": cfg.beam_size,
+        "beam": cfg.beam_size,
         "whole_file_sentences_per_cpu_s": round(len(lines) / whole_s, 1),
         "continuous_sentences_per_cpu_s": round(len(lines) / cont_s, 1),
         "continuous_over_whole_file": round(whole_s / cont_s, 3),

@@ -532,7 +532,6 @@ def feed_arrivals(
     joins=st.lists(st.integers(0, 8), min_size=7, max_size=7),
     min_len=st.integers(0, 1),
     seed=st.integers(0, 10_000),
-    compact=st.sampled_from([0.0, 0.5, 1.0]),
     drop_at=st.one_of(st.none(), st.tuples(st.integers(0, 6), st.integers(0, 8))),
     slack=st.sampled_from([None, 0, 3]),
 )
@@ -542,27 +541,26 @@ def test_rows_that_join_a_running_search_get_what_they_get_alone(
     joins: list[int],
     min_len: int,
     seed: int,
-    compact: float,
     drop_at: tuple[int, int] | None,
     slack: int | None,
 ) -> None:
     """Continuous batching: sentences admitted at later steps (their cache rows joining at the
-    current column) end with the hypotheses greedy search gives them in a batch of their own,
-    whether finished rows leave at once or stay in the batch (`compact`), whatever row is
-    dropped meanwhile (`drop_at`: that sentence, at that step), and whether an admission is
-    encoded as one batch or in parts of similar length (`slack`)."""
+    current column, in the slots of rows that ended) end with the hypotheses greedy search
+    gives them in a batch of their own, whatever row is dropped meanwhile (`drop_at`: that
+    sentence, at that step), and whether an admission is encoded as one batch or in parts of
+    similar length (`slack`)."""
     from aiayn.search.rows import RowSearch
 
     src = random_batch(lengths, seed)
     cfg = DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=4, min_len=min_len)
     alone = [greedy_search(eos_model, src[i : i + 1], cfg)[0] for i in range(len(lengths))]
-    run = RowSearch(eos_model, cfg, compact=compact)
+    run = RowSearch(eos_model, cfg)
 
-    def compacted() -> None:  # compacted when more than `compact` of the batch is dead
+    def only_live_rows() -> None:  # rows that ended or were dropped left at once
         if run.live:
-            assert len(run.alive_r) - run.live <= compact * len(run.alive_r)
+            assert len(run.ids_r) == run.live == run.slots.n == len(set(run.ids_r.tolist()))
 
-    got, dropped = feed_arrivals(run, src, joins, drop_at, after_step=compacted, slack=slack)
+    got, dropped = feed_arrivals(run, src, joins, drop_at, after_step=only_live_rows, slack=slack)
     if dropped is not None:
         got.setdefault(dropped, alone[dropped])  # it may have finished before its drop
     assert sorted(got) == list(range(len(lengths)))
@@ -628,7 +626,9 @@ def test_sentences_that_join_a_running_beam_search_get_what_they_get_alone(
             assert g.score == pytest.approx(w.score, abs=1e-4)
 
 
-def test_a_joined_cache_grows_and_drops_the_columns_no_row_sees(eos_model: Transformer) -> None:
+def test_joining_rows_take_free_slots_and_steps_skip_the_columns_no_row_sees(
+    eos_model: Transformer,
+) -> None:
     from aiayn.search.rows import RowSearch
 
     cfg = DecodeConfig(beam_size=1, max_len_a=0.0, max_len_b=6, min_len=6)
@@ -639,12 +639,18 @@ def test_a_joined_cache_grows_and_drops_the_columns_no_row_sees(eos_model: Trans
             run.step()
         run.cfg = dataclasses.replace(cfg, max_len_b=20)  # a longer limit than the cache has
         run.add(random_batch([4], 2))
-        assert run.cache.start_B.tolist() == [0, 3] and run.cache.length == 3
-        assert run.cache.self_k[0].size(2) >= 3 + 20  # grown for the newcomer
+        slots = run.slots
+        assert slots.buf.start_B[:2].tolist() == [0, 3] and slots.buf.length == 3
+        assert slots.buf.self_k[0].size(2) >= 3 + 20  # grown for the newcomer
         finished = [run.step() for _ in range(3)]
         assert [row for f in finished for row, _ in f] == [0]  # the first row's limit: 6
-        run.add(random_batch([2], 3))  # no row sees columns 0..2 any more: they are dropped
-        assert run.cache.start_B.tolist() == [0, 3] and run.cache.length == 3
+        assert slots.n == 1 and slots.starts == [3] and run.ids_r.tolist() == [1]  # moved up
+        R = slots.buf.self_k[0].size(0)
+        run.add(random_batch([2], 3))  # into the slot row 0 left: no copy of the buffers
+        assert slots.buf.self_k[0].size(0) == R and slots.n == 2 and slots.starts == [3, 6]
+        cache, keep = slots.view()  # no row sees columns 0..2: a step reads from column 3
+        assert cache.length == 3 and cache.start_B.tolist() == [0, 3]
+        assert cache.self_k[0].size(0) == keep.size(0) == 2
 
 
 class HostReads(TorchDispatchMode):
@@ -702,7 +708,7 @@ def test_a_step_reads_the_host_a_fixed_number_of_times(
             most_reads = max(most_reads, reads.count)
             most_ended = max(most_ended, set_aside() - before)
     assert most_ended >= 8  # steps where many end: one read per value would be dozens
-    assert most_reads <= (5 if beam > 1 else 4)  # greedy: + nonzero when the batch is compacted
+    assert most_reads <= (5 if beam > 1 else 3)
 
 
 @pytest.mark.parametrize("beam", [1, 4])
@@ -716,7 +722,7 @@ def test_joining_a_running_search_reads_the_host_a_fixed_number_of_times(
 
     src = random_batch([3, 9, 5, 7, 4, 8, 6, 9, 3, 5, 7, 8] * 2, seed=3)
     cfg = DecodeConfig(beam_size=beam, nbest=beam, max_len_a=1.0, max_len_b=4)
-    run = BeamSearch(eos_model, cfg) if beam > 1 else RowSearch(eos_model, cfg, compact=1.0)
+    run = BeamSearch(eos_model, cfg) if beam > 1 else RowSearch(eos_model, cfg)
     reads = reading_host(monkeypatch)
     with torch.inference_mode():
         run.add(src[:16])

@@ -12,8 +12,9 @@ import torch
 from torch import Tensor
 
 from aiayn.config import DecodeConfig
+from aiayn.nn.kv_cache import Memory, SlotCache
 from aiayn.search.settings import Hypothesis, check_decode_config, length_penalty
-from aiayn.search.step import Decodable, check_stop, encode_parts, forbid, output_limits
+from aiayn.search.step import Decodable, check_stop, forbid, output_limits
 from aiayn.search.views import OnStep, SingleRows, single_view
 
 # (log-probabilities (R, V), id of each live row (R,), each row's step (R,))
@@ -34,20 +35,16 @@ class RowSearch:
 
     `add(*parts)` encodes sentences and gives them row ids (0, 1, ... in order of arrival);
     `step()` extends every live row by one token and returns the rows that finished, with their
-    hypotheses. Finished rows leave the batch (their memory and cache rows are dropped; see
-    `compact`), so late steps only pay for sentences still being written; `drop(ids)` removes
-    rows nobody waits for. Rows added while others run (continuous batching: a server admits
-    new sentences at every step) join the cache at its current column (`KVCache.join`): each
-    row keeps its own step, position and limits, and gets the hypothesis it gets alone, up to
-    rounding.
+    hypotheses. Finished rows leave the batch at once, so late steps only pay for sentences
+    still being written; `drop(ids)` removes rows nobody waits for. The cache is kept in slots
+    (`SlotCache`): a row that leaves costs a copy of one row (the last row moves into its
+    place, so the rows' order changes; each keeps its id), and rows added while others run
+    (continuous batching: a server admits new sentences at every step) write into free slots
+    from the current column on: each row keeps its own step, position and limits, and gets the
+    hypothesis it gets alone, up to rounding.
     Observing (`on_step`) and `use_cache=False` need every row at the same step: no joins.
-    Rows r * per_sent .. (r + 1) * per_sent - 1 are one sentence's (for the observer).
-
-    `compact` > 0 lets finished (or dropped) rows stay in the batch, stepped but ignored,
-    until they are more than that share of it (or until the next `add`, whose copy of the
-    cache leaves them out): with many rows, some row ends at almost every step, and copying
-    the whole cache each time costs more than stepping a few dead rows. 0 (the classic
-    search) removes them at once.
+    Rows whose ids are r * per_sent .. (r + 1) * per_sent - 1 are one sentence's (for the
+    observer).
     """
 
     def __init__(
@@ -60,54 +57,60 @@ class RowSearch:
         on_step: OnStep | None = None,
         kind: str = "greedy",
         per_sent: int = 1,
-        compact: float = 0.0,
     ) -> None:
         check_decode_config(cfg)
-        if compact and on_step is not None:
-            raise ValueError("an observed search removes finished rows at once (compact=0)")
-        self.compact = compact
         self.model, self.cfg, self.pick = model, cfg, pick
         self.use_cache, self.on_step, self.kind, self.per_sent = use_cache, on_step, kind, per_sent
         self.steps = 0  # steps taken by this search (rows that joined late have taken fewer)
         self.next_id = 0
-        self.live = 0  # rows still being written (the batch may also hold dead ones)
+        self.live = 0  # rows being written
+        self.slots: SlotCache | None = None  # with the cache
+        self.memory: Memory | None = None  # without it: the encoder output, recomputed over
 
     def add(self, *parts: Tensor) -> list[int]:
-        """Encode the rows of `parts` (right-padded ids, each part one encoder batch:
-        `encode_parts`) and let them take part from the next step, in that order."""
+        """Encode the rows of `parts` (right-padded ids, each part one encoder batch: parts of
+        similar lengths spare the encoder padding) and let them take part from the next step,
+        in that order."""
         parts = tuple(p for p in parts if p.size(0))
         if not parts:
             return []
-        special = self.model.cfg
-        memory = encode_parts(self.model, parts)
-        device, b = memory.keep_BS.device, memory.keep_BS.size(0)
-        limit_b = output_limits(self.model, memory, self.cfg)
+        model, special = self.model, self.model.cfg
+        if self.live and (self.on_step is not None or not self.use_cache):
+            raise ValueError("rows can join a running search only with the cache, unobserved")
+        memories = [model.encode(src_BS) for src_BS in parts]
+        limit_b = torch.cat([output_limits(model, m, self.cfg) for m in memories])
+        device, b = limit_b.device, len(limit_b)
         first, self.next_id = self.next_id, self.next_id + b
-        ids = torch.arange(first, self.next_id, device=device)
         state = {
-            "ids_r": ids,
+            "ids_r": torch.arange(first, self.next_id, device=device),
             "limit_r": limit_b,
             "t_r": torch.zeros(b, dtype=torch.long, device=device),
             "log_prob_r": torch.zeros(b, dtype=torch.float64, device=device),
             "tok_r1": torch.full((b, 1), special.bos_id, device=device),
-            "alive_r": torch.ones(b, dtype=torch.bool, device=device),
         }
         T = int(limit_b.max())
-        if self.live == 0:  # a fresh batch: the paper's search, every row at step 0
-            self.cache = self.model.init_cache(memory, T) if self.use_cache else None
-            self.memory = memory.mask_only() if self.use_cache else memory
+        joining = memories
+        if not self.use_cache:
+            self.memory = memories[0].join(*memories[1:])
+            joining = []
+        elif self.live == 0:  # a fresh batch: the paper's search, every row at step 0
+            self.slots = SlotCache.of(model.init_cache(memories[0], T), memories[0].keep_BS)
+            joining = memories[1:]
+        if joining:  # into free slots: only their cross K/V are computed here
+            assert self.slots is not None
+            fresh = [model.init_cache(m, 0) for m in joining]
+            self.slots.reserve(
+                sum(m.keep_BS.size(0) for m in joining),
+                T,
+                max(c.cross_k[0].size(2) for c in fresh),
+                max(m.keep_BS.size(1) for m in joining),
+            )
+            for cache, m in zip(fresh, joining, strict=True):
+                self.slots.add(cache, m.keep_BS)
+        if self.live == 0:
             self.out_rT = torch.full((b, T), special.pad_id, device=device)
             self.__dict__.update(state)
         else:
-            if self.on_step is not None or self.cache is None:
-                raise ValueError("rows can join a running search only with the cache, unobserved")
-            fresh = self.model.init_cache(memory, 1)  # its cross K/V; self K/V come from join
-            all_alive = self.live == len(self.alive_r)  # counted on the host: no device read
-            keep_r = None if all_alive else self.alive_r.nonzero()[:, 0]
-            self.cache = self.cache.join(fresh, T, keep_r)  # dead rows are left out
-            if keep_r is not None:
-                self._select(keep_r)
-            self.memory = self.memory.join(memory.mask_only())
             width = max(self.out_rT.size(1), T)
             self.out_rT = torch.cat([
                 pad_cols(self.out_rT, width, special.pad_id),
@@ -124,7 +127,6 @@ class RowSearch:
     log_prob_r: Tensor  # float64
     tok_r1: Tensor  # its last token (BOS before its first step)
     out_rT: Tensor  # its tokens (PAD beyond t_r)
-    alive_r: Tensor  # False: finished or dropped, stepped until the batch is compacted
 
     def step(self) -> list[tuple[int, Hypothesis]]:
         """One token for every live row; the (id, hypothesis) of each row that finished."""
@@ -133,9 +135,13 @@ class RowSearch:
         model, cfg, special = self.model, self.cfg, self.model.cfg
         t = self.steps
         check_stop(t)
-        if self.cache is not None:
-            logits_rV, self.cache = model.decode_step(self.tok_r1, self.memory, self.cache)
+        if self.slots is not None:
+            cache, keep_rS = self.slots.view()
+            no_out = keep_rS.new_empty(*keep_rS.shape, 0, dtype=torch.float)  # not read
+            logits_rV, _ = model.decode_step(self.tok_r1, Memory(no_out, keep_rS), cache)
+            self.slots.advance()
         else:  # recompute the whole prefix (the benchmark's and tests' reference)
+            assert self.memory is not None
             bos_r1 = self.tok_r1.new_full((self.live, 1), special.bos_id)
             prefix_rt = torch.cat([bos_r1, self.out_rT[:, :t]], 1)
             fresh = model.init_cache(self.memory, t + 1)
@@ -144,14 +150,13 @@ class RowSearch:
         forbid(lp_rV, special, self.t_r < cfg.min_len)
         next_r, lp_r = self.pick(lp_rV, self.ids_r, self.t_r)
         is_eos_r = next_r == special.eos_id
-        done_r = (is_eos_r | (self.t_r + 1 >= self.limit_r)) & self.alive_r
+        done_r = is_eos_r | (self.t_r + 1 >= self.limit_r)
         if self.on_step is not None:
             before = SingleRows(self.ids_r, self.out_rT[:, :t], self.log_prob_r, self.per_sent)
             picked = (next_r, lp_r, is_eos_r, done_r)
             self.on_step(single_view(self.kind, t, cfg.alpha, before, logits_rV, lp_rV, picked))
         self.log_prob_r += lp_r.double()
-        at_r = self.t_r.clamp(max=self.out_rT.size(1) - 1)  # dead rows may run past their end
-        self.out_rT.scatter_(1, at_r[:, None], next_r[:, None])
+        self.out_rT.scatter_(1, self.t_r[:, None], next_r[:, None])  # t_r < limit_r <= width
         self.t_r = self.t_r + 1
         self.steps += 1
         self.tok_r1 = next_r[:, None]
@@ -161,41 +166,37 @@ class RowSearch:
             eos_d = is_eos_r[done].long()
             # The rows that ended come to the host in two copies (integers, log-probabilities),
             # not one read per value: a tensor op each, and on a GPU a wait for the device each.
-            head_d3 = torch.stack([self.ids_r[done], self.t_r[done] - eos_d, eos_d], 1)
-            rows = torch.cat([head_d3, self.out_rT[done]], 1).tolist()
-            for (i, n, eos, *out), lp in zip(rows, self.log_prob_r[done].tolist(), strict=True):
+            head_d4 = torch.stack([done, self.ids_r[done], self.t_r[done] - eos_d, eos_d], 1)
+            rows = torch.cat([head_d4, self.out_rT[done]], 1).tolist()
+            for (_, i, n, eos, *out), lp in zip(rows, self.log_prob_r[done].tolist(), strict=True):
                 hyp = Hypothesis(out[:n], lp, lp / length_penalty(n + eos, cfg.alpha), bool(eos))
                 finished.append((i, hyp))
-            self._retire(done_r, len(done))
+            self._remove([row[0] for row in rows])
         return finished
 
     def drop(self, ids: set[int]) -> None:
         """Rows whose result nobody waits for any more leave the batch."""
         if self.live and ids:
-            gone = [i in ids for i in self.ids_r.tolist()]
-            gone_r = torch.tensor(gone, dtype=torch.bool, device=self.ids_r.device)
-            gone_r &= self.alive_r
-            count = int(gone_r.sum())
-            if count:
-                self._retire(gone_r, count)
+            dead = [r for r, i in enumerate(self.ids_r.tolist()) if i in ids]
+            if dead:
+                self._remove(dead)
 
-    def _retire(self, ended_r: Tensor, count: int) -> None:
-        """The `count` live rows `ended_r` are dead; the batch is compacted when too many are."""
-        self.alive_r = self.alive_r & ~ended_r
-        self.live -= count
+    def _remove(self, dead: list[int]) -> None:
+        """Live rows `dead` (their places in the batch) leave it."""
+        self.live -= len(dead)
         if self.live == 0:  # the next `add` starts afresh
-            self.memory = self.cache = None  # type: ignore[assignment]
-        elif len(self.alive_r) - self.live > self.compact * len(self.alive_r):
-            keep_r = self.alive_r.nonzero()[:, 0]
-            self._select(keep_r)
-            if self.cache is not None:
-                self.cache = self.cache.index_select(keep_r, cross=True)
-
-    def _select(self, keep_r: Tensor) -> None:
-        """Keep rows `keep_r` of the row state and memory (the cache is the caller's)."""
-        for name in ("ids_r", "limit_r", "t_r", "log_prob_r", "tok_r1", "out_rT", "alive_r"):
+            self.slots = self.memory = None
+            return
+        if self.slots is not None:
+            order = self.slots.remove(dead, keep_order=self.on_step is not None)
+        else:
+            gone = set(dead)
+            order = [r for r in range(self.live + len(dead)) if r not in gone]
+        keep_r = torch.tensor(order, device=self.ids_r.device)
+        for name in ("ids_r", "limit_r", "t_r", "log_prob_r", "tok_r1", "out_rT"):
             setattr(self, name, getattr(self, name)[keep_r])
-        self.memory = self.memory.index_select(keep_r)
+        if self.memory is not None:
+            self.memory = self.memory.index_select(keep_r)
 
 
 def pad_cols(x_RT: Tensor, width: int, value: int) -> Tensor:

@@ -38,11 +38,6 @@ from aiayn.translate.translator import Translation, Translator, one_line
 
 log = logging.getLogger(__name__)
 
-# Rows that ended stay in their search until they are a quarter of it: with many rows one ends
-# at almost every step, and copying the cache each time cost more than the dead rows' steps.
-# (So the searches hold at most a third more rows, and cache, than the `max_rows` in flight.)
-COMPACT = 0.25
-
 # An admitted group is encoded in parts of similar length (`padding_parts`): sentences arrive
 # in no order, and one padded batch of them wasted 29-51% of the encoder's positions on
 # Multi30k and the quick start corpus. A part may waste PART_COST / (its model's multiply-adds
@@ -185,11 +180,8 @@ class Streams:
         stream = self._streams.get(cfg)
         if stream is None:
             model = self.translator.model
-            run = (
-                RowSearch(model, cfg, compact=COMPACT)
-                if cfg.beam_size == 1
-                else BeamSearch(model, cfg)  # done sentences leave at once: N rows each
-            )
+            # Finished sentences leave their search at once (greedy: a row; beam: N rows).
+            run = RowSearch(model, cfg) if cfg.beam_size == 1 else BeamSearch(model, cfg)
             stream = self._streams[cfg] = _Stream(run)
         cap = output_cap(cfg, self.translator.model.cfg.max_len)
         src_lens = torch.tensor([len(x) for x in ids])
