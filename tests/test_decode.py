@@ -754,16 +754,23 @@ def test_slot_cache_rows_keep_what_they_wrote(
 
 class HostReads(TorchDispatchMode):
     """Counts the ops that read a tensor's values on the host (`int(t)`, `bool(t)`, `nonzero`'s
-    size; `tolist` is counted by `reading_host`): on a GPU each is a wait for the device."""
+    size, indexing with a boolean mask, which runs `nonzero` inside the kernel; `tolist` is
+    counted by `reading_host`): on a GPU each is a wait for the device."""
 
     READS = frozenset({"item", "_local_scalar_dense", "is_nonzero", "nonzero"})
+    MASKED = frozenset({"index", "index_put", "index_put_"})
 
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.count += func.overloadpacket.__name__ in self.READS
+        name = func.overloadpacket.__name__
+        self.count += name in self.READS
+        if name in self.MASKED and len(args) > 1:
+            self.count += any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]
+            )
         return func(*args, **(kwargs or {}))
 
 

@@ -91,7 +91,7 @@ def forbid(scores_RV: Tensor, model_cfg: ModelConfig, no_eos: bool | Tensor) -> 
     per row). In place, after normalising."""
     scores_RV[:, model_cfg.pad_id] = float("-inf")
     scores_RV[:, model_cfg.bos_id] = float("-inf")
-    if isinstance(no_eos, Tensor):
-        scores_RV[no_eos, model_cfg.eos_id] = float("-inf")
+    if isinstance(no_eos, Tensor):  # masked_fill: a boolean index would wait for the GPU
+        scores_RV[:, model_cfg.eos_id].masked_fill_(no_eos, float("-inf"))
     elif no_eos:
         scores_RV[:, model_cfg.eos_id] = float("-inf")
