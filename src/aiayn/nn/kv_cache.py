@@ -313,10 +313,12 @@ class SlotCache:
         """The rows of `fresh` (a cache of their sources: only its cross K/V are read) take
         the next slots and write from the current column on; `reserve` first."""
         b, n, B = self.buf, self.n, keep_BS.size(0)
+        if n + B > b.self_k[0].size(0):
+            raise ValueError(f"{B} rows do not fit {b.self_k[0].size(0) - n} free slots: reserve")
         new = slice(n, n + B)
         f, S = self.first if self.n else b.length, fresh.cross_k[0].size(2)
-        for x in b.self_k + b.self_v:  # what they do not see: finite, whatever was there
-            x[new, :, f : b.length] = 0
+        for x in b.self_k + b.self_v:  # columns they do not see: a slot never written is not
+            x[new, :, f : b.length] = 0  # finite there (empty memory), and masks need finite
         for x, y in zip(b.cross_k + b.cross_v, fresh.cross_k + fresh.cross_v, strict=True):
             x[new, :, :S] = y
             x[new, :, S:] = 0
