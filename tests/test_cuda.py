@@ -88,6 +88,45 @@ def test_cpu_and_gpu_give_the_same_logits_and_the_cache_changes_nothing(tiny_cfg
     torch.testing.assert_close(torch.stack(steps, 1), full, **TOL)
 
 
+def continuous_equals_alone(device: str) -> None:
+    """Sentences joining a running search (greedy rows in slots, beam rows joined), admitted in
+    parts, end with what their search alone gives, on `device`."""
+    from test_decode import VOCAB, feed_arrivals
+    from test_decode import random_batch as sentences
+
+    from aiayn.config import EOS_ID, DecodeConfig, ModelConfig
+    from aiayn.search.beam import BeamSearch
+    from aiayn.search.decode import search
+    from aiayn.search.rows import RowSearch
+
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset(
+        "cpu_tiny", vocab_size=VOCAB, d_model=32, d_ff=64, max_len=64, logits_bias=True
+    )
+    model = Transformer(cfg).to(device).eval()
+    with torch.no_grad():  # some rows end at EOS at once, others run to their limit
+        model.generator.bias.zero_()
+        model.generator.bias[EOS_ID] = 1.7
+    src = sentences([3, 9, 5, 7, 4, 8, 6, 2], seed=4).to(device)
+    joins = [0, 0, 1, 1, 3, 3, 5, 6]
+    for beam in (1, 3):
+        dcfg = DecodeConfig(beam_size=beam, nbest=beam, max_len_a=1.0, max_len_b=4)
+        alone = [search(model, src[i : i + 1], dcfg)[0] for i in range(len(joins))]
+        run = RowSearch(model, dcfg) if beam == 1 else BeamSearch(model, dcfg)
+        got, _ = feed_arrivals(run, src, joins, (2, 2), slack=2)  # the 3rd admitted, dropped
+        assert len(got) >= len(joins) - 1
+        for i, want in enumerate(alone):
+            if i in got:
+                hyps = got[i] if beam > 1 else [got[i]]
+                assert [h.tokens for h in hyps] == [h.tokens for h in want]
+                for h, w in zip(hyps, want, strict=True):
+                    assert h.log_prob == pytest.approx(w.log_prob, abs=1e-4)
+
+
+def test_rows_joining_a_running_search_on_the_gpu_get_what_they_get_alone():
+    continuous_equals_alone("cuda")
+
+
 def test_resume_on_the_gpu_is_bit_identical(corpus, tmp_path):
     """30 steps straight == 15, stop, resume, 15 more, on the GPU with dropout on: the CUDA
     generator is saved and restored, and deterministic kernels make the two runs comparable."""
