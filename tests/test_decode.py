@@ -786,12 +786,14 @@ def reading_host(monkeypatch: pytest.MonkeyPatch) -> HostReads:
     return reads
 
 
+@pytest.mark.parametrize("joined", [False, True])
 @pytest.mark.parametrize("beam", [1, 4])
 def test_a_step_reads_the_host_a_fixed_number_of_times(
-    eos_model: Transformer, monkeypatch: pytest.MonkeyPatch, beam: int
+    eos_model: Transformer, monkeypatch: pytest.MonkeyPatch, beam: int, joined: bool
 ) -> None:
     """However many hypotheses end at a step, a search step copies values to the host a fixed
-    number of times (a GPU waits for the device at each), not once per value it reads."""
+    number of times (a GPU waits for the device at each), not once per value it reads; rows
+    that joined late (`joined`: per-row positions and masks) cost no more."""
     from aiayn.search.beam import BeamSearch
     from aiayn.search.rows import RowSearch
 
@@ -805,7 +807,10 @@ def test_a_step_reads_the_host_a_fixed_number_of_times(
     reads = reading_host(monkeypatch)
     most_reads, most_ended, returned = 0, 0, 0
     with torch.inference_mode():
-        run.add(src)
+        run.add(src[:4] if joined else src)
+        if joined:  # the rest join at column 1, as a server admits them
+            run.step()
+            run.add(src[4:])
         while run.live:
             before, reads.count = set_aside(), 0
             with reads:

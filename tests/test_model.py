@@ -521,6 +521,10 @@ def test_bad_inputs_are_clear_value_errors(tiny_cfg):
         model(ok.float(), ok)
     with pytest.raises(ValueError, match="max_len=64"):
         model(torch.randint(4, 50, (1, 65)), ok[:1])
+    for most in (None, 64):  # per-row positions (rows that joined late); `most` a host bound
+        with pytest.raises(ValueError, match="65 positions is longer than max_len=64"):
+            model.tgt_embed(ok[:, :1], start=torch.tensor([3, 64]), most=most)
+    assert model.tgt_embed(ok[:, :1], start=torch.tensor([3, 63]), most=63).shape == (2, 1, 16)
     with pytest.raises(ValueError, match="source batch 2 != target batch 1"):
         model(ok, ok[:1])
 

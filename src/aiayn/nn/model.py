@@ -102,20 +102,24 @@ class Embeddings(nn.Module):
             return self.learned.weight[start : start + length]
         return self.pe[start : start + length]
 
-    def at(self, pos_BT: Tensor) -> Tensor:
-        """The encodings of a position per row (rows that joined a running search late)."""
-        if int(pos_BT.max()) >= self.max_len:
+    def at(self, pos_BT: Tensor, most: int | None = None) -> Tensor:
+        """The encodings of a position per row (rows that joined a running search late).
+        `most`: a bound on the positions known on the host; below max_len it spares reading
+        them (on a GPU, a wait for the device at every step)."""
+        if (most is None or most >= self.max_len) and int(pos_BT.max()) >= self.max_len:
             n = int(pos_BT.max()) + 1
             raise ValueError(f"sequence of {n} positions is longer than max_len={self.max_len}")
         table = self.learned.weight if self.learned is not None else self.pe
         return table[pos_BT]
 
-    def forward(self, ids_BT: Tensor, start: int | Tensor = 0) -> Tensor:
-        """`start`: the first position, for every row (an int) or per row (a (B,) tensor)."""
+    def forward(self, ids_BT: Tensor, start: int | Tensor = 0, most: int | None = None) -> Tensor:
+        """`start`: the first position, for every row (an int) or per row (a (B,) tensor, whose
+        values are at most `most`, if given)."""
         tok_BTD = self.tokens(ids_BT) * self.scale
         T = ids_BT.size(1)
         if isinstance(start, Tensor):
-            pos_TD = self.at(start[:, None] + torch.arange(T, device=start.device))
+            last = None if most is None else most + T - 1
+            pos_TD = self.at(start[:, None] + torch.arange(T, device=start.device), last)
         else:
             pos_TD = self.positions(start, T)
         sum_BTD = tok_BTD + pos_TD
@@ -439,7 +443,7 @@ class Transformer(_ModelBase):
         if cache.start_B is not None and tokens_BT.size(1) != 1:
             raise ValueError("a cache that rows joined late takes one token per step")
         pos = start if cache.start_B is None else start - cache.start_B  # each row's position
-        y_BTD = self.tgt_embed(tokens_BT, start=pos)
+        y_BTD = self.tgt_embed(tokens_BT, start=pos, most=start)  # start_B >= 0: pos <= start
         y_BTD = self.decoder.step(y_BTD, cache, memory.keep_B11S)
         cache.length = start + tokens_BT.size(1)
         logits_BV = self.generator(y_BTD[:, -1])
