@@ -246,12 +246,9 @@ class SlotCache:
         n, gone = self.n - len(dead), set(dead)
         if keep_order:
             order = [i for i in range(self.n) if i not in gone]
-        else:
-            holes = [i for i in sorted(gone) if i < n]
-            movers = [i for i in range(n, self.n) if i not in gone]
-            order = list(range(n))
-            for h, m in zip(holes, movers, strict=True):
-                order[h] = m
+        else:  # the rows left past the new end fill the holes before it, in order
+            left = iter([i for i in range(n, self.n) if i not in gone])
+            order = [next(left) if i in gone else i for i in range(n)]
         holes = [i for i in range(n) if order[i] != i]
         movers = [order[i] for i in holes]
         if holes:
@@ -316,7 +313,7 @@ class SlotCache:
         if n + B > b.self_k[0].size(0):
             raise ValueError(f"{B} rows do not fit {b.self_k[0].size(0) - n} free slots: reserve")
         new = slice(n, n + B)
-        f, S = self.first if self.n else b.length, fresh.cross_k[0].size(2)
+        f, S = self.first, fresh.cross_k[0].size(2)  # no live row: `first` is `length`
         for x in b.self_k + b.self_v:  # columns they do not see: a slot never written is not
             x[new, :, f : b.length] = 0  # finite there (empty memory), and masks need finite
         for x, y in zip(b.cross_k + b.cross_v, fresh.cross_k + fresh.cross_v, strict=True):
