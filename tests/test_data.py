@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -10,8 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiayn.config import BOS_ID, EOS_ID, PAD_ID
+from aiayn.config import BOS_ID, EOS_ID, PAD_ID, TrainConfig
 from aiayn.errors import DataError
+from aiayn.runtime.distributed import Dist
 from aiayn.text.batches import (
     Example,
     batch_plan,
@@ -19,8 +21,10 @@ from aiayn.text.batches import (
     encode_pairs,
     padding_efficiency,
     padding_parts,
+    resegment,
 )
 from aiayn.text.corpus import MAX_LINE_CHARS, DataStats, hold_out, read_parallel
+from aiayn.text.data import StepLoader
 from aiayn.text.tokenizer import Tokenizer
 
 
@@ -93,6 +97,57 @@ def test_encode_pairs_drops_overlong_by_tokens(tok):
     assert len(exs) == 1 and stats.too_long_tokens == 2 and stats.kept == 1
     assert exs[0].src[-1] == EOS_ID and exs[0].tgt[0] == BOS_ID and exs[0].tgt[-1] == EOS_ID
     assert exs[0].tgt[1:-1] == tuple(tok.encode("house", eos=False))  # framed by the tokenizer
+
+
+def _pairs(n: int, seed: int = 1) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    de, en = ["haus", "baum", "katze", "hund"], ["house", "tree", "cat", "dog"]
+    out = []
+    for _ in range(n):
+        k = [rng.randrange(4) for _ in range(rng.randint(1, 8))]
+        out.append((" ".join(de[i] for i in k), " ".join(en[i] for i in k)))
+    return out
+
+
+def test_resegment_samples_other_segmentations_of_the_same_text_seeded(tok):
+    """Subword regularization: the text comes back from every sample, a seed gives one sample,
+    other seeds others, and a sample longer than max_len falls back to the best segmentation."""
+    texts = _pairs(200)
+    best = encode_pairs(texts, tok, max_len=64)
+    a = resegment(texts, best, tok, 0.3, seed=5, max_len=64)
+    assert a == resegment(texts, best, tok, 0.3, seed=5, max_len=64)
+    b = resegment(texts, best, tok, 0.3, seed=6, max_len=64)
+    assert sum(x != y for x, y in zip(a, b, strict=True)) > 100
+    assert sum(x != y for x, y in zip(a, best, strict=True)) > 100
+    for (src, tgt), ex in zip(texts, a, strict=True):
+        assert ex.src[-1] == EOS_ID and ex.tgt[0] == BOS_ID and ex.tgt[-1] == EOS_ID
+        assert tok.decode(ex.src) == src and tok.decode(ex.tgt) == tgt
+    assert sum(map(len, (e.src for e in a))) > sum(map(len, (e.src for e in best)))
+    tight = max(max(len(e.src), len(e.tgt) - 1) for e in best)  # the best fit; samples not all
+    c = resegment(texts, best, tok, 0.3, seed=5, max_len=tight)
+    assert all(len(e.src) <= tight and len(e.tgt) - 1 <= tight for e in c)
+    assert 0 < sum(x == y for x, y in zip(c, best, strict=True)) < len(best)
+    assert resegment(texts, best, tok, 0.0, seed=5, max_len=64) == best  # alpha 0: the best
+
+
+def test_step_loader_segments_each_epoch_afresh_and_a_resume_finds_the_same_batches(tok):
+    texts = _pairs(300)
+    best = encode_pairs(texts, tok, max_len=64)
+    tc = TrainConfig(subword_alpha=0.1, max_tokens=128, max_len=64, seed=3)
+
+    def batches(loader: StepLoader, epoch: int) -> list[list[Example]]:
+        return [[loader.data[i] for i in idx] for idx in loader.plan(epoch)]
+
+    run = StepLoader(best, tc, Dist(), texts, tok)
+    first, data0 = batches(run, 0), run.data
+    second, data1 = batches(run, 1), run.data
+    assert sum(x != y for x, y in zip(data0, data1, strict=True)) > len(best) // 4  # resampled
+    resumed = StepLoader(best, tc, Dist(), texts, tok)  # a resume starts at epoch 1
+    assert batches(resumed, 1) == second and batches(resumed, 0) == first
+    seen = sorted(tok.decode(e.src) for b in second for e in b)
+    assert seen == sorted(s for s, _ in texts)  # every pair once an epoch, its text intact
+    plain = StepLoader(best, dataclasses.replace(tc, subword_alpha=0.0), Dist(), texts, tok)
+    assert plain.plan(0) and plain.data is best
 
 
 def test_overlong_pair_is_named_by_its_file_line(tmp_path, tok):

@@ -206,9 +206,13 @@ def test_train_runs_the_data_check_and_says_what_it_found(corpus, tok, tmp_path,
     assert not [r for r in caplog.records if "data check" in r.getMessage()]
 
 
-def test_resume_is_bit_identical(corpus, tok, tmp_path):
-    """2N steps straight == N steps, stop, resume, N more (dropout on, so RNG state matters)."""
-    over = {"train.valid_every": 10, "train.save_every": 7, "train.log_every": 5}
+@pytest.mark.parametrize("alpha", [0.0, 0.1])
+def test_resume_is_bit_identical(corpus, tok, tmp_path, alpha):
+    """2N steps straight == N steps, stop, resume, N more (dropout on, so RNG state matters;
+    with subword regularization, each epoch's sampled segmentations too: 30 steps are two
+    epochs here)."""
+    over = {"train.valid_every": 10, "train.save_every": 7, "train.log_every": 5,
+            "train.subword_alpha": alpha}  # fmt: skip
     straight = train(
         tiny(corpus, tmp_path / "a", **over, **{"train.max_steps": 30}),
         tokenizer=tok,

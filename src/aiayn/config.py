@@ -158,6 +158,10 @@ class TrainConfig:
     max_tokens: int = 4096  # token budget per batch (source or target, whichever is longer)
     max_len: int = 256  # pairs with more tokens than this on either side are filtered (counted)
     label_smoothing: float = 0.1  # ε_ls (§5.4)
+    # subword regularization: each epoch segments the training text afresh, sampling with
+    # this SentencePiece alpha (BPE: each merge skipped with this probability, "BPE-dropout");
+    # 0 = the one best segmentation, as the paper. Not the paper's; docs/training.md
+    subword_alpha: float = 0.0
     # cosine_budget = cosine to 0 at a total fitted to max_minutes (or max_steps): training.md
     lr_schedule: Literal["noam", "inverse_sqrt", "cosine", "cosine_budget", "constant"] = "noam"
     lr: float = 1.0  # a multiplier on noam; the peak rate for the other schedules

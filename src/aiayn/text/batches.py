@@ -1,6 +1,7 @@
 """Pairs -> ids -> token-budget, length-bucketed `Batch`es (§5.1).
 
 encode_pairs(pairs, tok)     SentencePiece ids; pairs longer than max_len dropped, counted
+resegment(texts, ...)        an epoch's ids, each pair segmented by sampling (regularization)
 batch_plan(examples, ...)    index lists whose padded size B * max_len fits `max_tokens`
 cut_batches(order, sizes, n) the token-budget rule itself (translation and serving use it)
 padding_parts(sizes, slack)  a batch cut into parts of similar length (a server's admissions)
@@ -66,6 +67,26 @@ def encode_pairs(
                 if kept is not None:
                     kept.append(start + i)
     return out
+
+
+def resegment(
+    texts: Sequence[tuple[str, str]],
+    best: Sequence[Example],
+    tok: Tokenizer,
+    alpha: float,
+    seed: int,
+    max_len: int,
+) -> list[Example]:
+    """The training pairs `texts` segmented afresh by sampling (`Tokenizer.sample_batch`):
+    an epoch's examples under subword regularization, a pure function of `seed`. Sampled
+    segmentations are longer; a pair whose sample no longer fits `max_len` keeps its best
+    segmentation (`best[i]`, the one `encode_pairs` gave `texts[i]`), so no pair is lost."""
+    srcs = tok.sample_batch([s for s, _ in texts], alpha, seed, eos=True)
+    tgts = tok.sample_batch([t for _, t in texts], alpha, seed + 1, bos=True, eos=True)
+    return [
+        Example(tuple(s), tuple(t)) if len(s) <= max_len and len(t) - 1 <= max_len else b
+        for s, t, b in zip(srcs, tgts, best, strict=True)
+    ]
 
 
 @dataclass(frozen=True)

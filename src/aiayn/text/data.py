@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from aiayn.config import TrainConfig
 from aiayn.errors import ConfigError
 from aiayn.runtime.distributed import Dist
-from aiayn.text.batches import Example, batch_plan, encode_pairs, padding_efficiency
+from aiayn.text.batches import Example, batch_plan, encode_pairs, padding_efficiency, resegment
 from aiayn.text.corpus import DataStats, Heldout, read_parallel
 from aiayn.text.tokenizer import Tokenizer
 
@@ -31,6 +31,9 @@ class RunData:
     valid_refs: list[str]  # target text of the validation pairs, for BLEU
     valid_srcs: list[str] = field(default_factory=list)  # their source text (choosing alpha)
     held_out: int = 0  # training pairs left out for (or because of) a held-out validation set
+    # the text of each training example, kept only under subword regularization (each epoch
+    # segments it afresh: `StepLoader`)
+    train_text: list[tuple[str, str]] = field(default_factory=list)
 
 
 def load_data(tc: TrainConfig, tok: Tokenizer, d: Dist, heldout: Heldout | None = None) -> RunData:
@@ -43,7 +46,17 @@ def load_data(tc: TrainConfig, tok: Tokenizer, d: Dist, heldout: Heldout | None 
         raise ConfigError("train.src is empty: give a training corpus (two files or a TSV)")
     stats = DataStats()
     pairs_in = read_parallel(tc.src, tc.tgt or None, stats, heldout)
-    train = encode_pairs(pairs_in, tok, tc.max_len, stats)
+    train_text: list[tuple[str, str]] = []
+    if tc.subword_alpha:  # the text is segmented again each epoch: hold it
+        if not tok.samples:
+            raise ConfigError(f"train.subword_alpha needs aiayn's own tokenizer, not a "
+                              f"{type(tok).__name__} (an imported model's)")  # fmt: skip
+        text = list(pairs_in)
+        kept: list[int] = []
+        train = encode_pairs(text, tok, tc.max_len, stats, kept=kept)
+        train_text = [text[i] for i in kept]
+    else:
+        train = encode_pairs(pairs_in, tok, tc.max_len, stats)
     _report(stats, "train", d)
     valid: list[Example] = []
     refs: list[str] = []
@@ -55,14 +68,14 @@ def load_data(tc: TrainConfig, tok: Tokenizer, d: Dist, heldout: Heldout | None 
         else:
             pairs = heldout.pairs if heldout else []
             vstats.read = len(pairs)
-        kept: list[int] = []
-        valid = encode_pairs(pairs, tok, tc.max_len, vstats, kept=kept)
-        refs = [pairs[i][1] for i in kept]
-        srcs = [pairs[i][0] for i in kept]
+        kept_valid: list[int] = []
+        valid = encode_pairs(pairs, tok, tc.max_len, vstats, kept=kept_valid)
+        refs = [pairs[i][1] for i in kept_valid]
+        srcs = [pairs[i][0] for i in kept_valid]
         _report(vstats, "valid" if tc.valid_src else "valid (held out of train)", d)
     if not train:
         raise ConfigError(f"no training pairs left after filtering {tc.src}")
-    return RunData(train, valid, refs, srcs, stats.held_out)
+    return RunData(train, valid, refs, srcs, stats.held_out, train_text)
 
 
 def _report(stats: DataStats, name: str, d: Dist) -> None:
@@ -77,16 +90,33 @@ class StepLoader:
     world-th of them. The plan depends only on (seed, epoch), so (epoch, batch_in_epoch), as
     a run's `TrainState` keeps them, is a complete data position. A remainder shorter than one
     step is skipped and the epoch ends at once, so the epoch always counts finished epochs.
+
+    Under subword regularization (`train.subword_alpha`, with the examples' `text`) each epoch
+    has examples of its own, the text segmented afresh by sampling seeded by (seed, epoch):
+    `data` is the current epoch's, and a resume still finds the same batches.
     """
 
-    def __init__(self, data: list[Example], tc: TrainConfig, d: Dist) -> None:
-        self.data, self.tc, self.d = data, tc, d
+    def __init__(
+        self,
+        data: list[Example],
+        tc: TrainConfig,
+        d: Dist,
+        text: list[tuple[str, str]] | None = None,
+        tok: Tokenizer | None = None,
+    ) -> None:
+        self.best, self.data, self.tc, self.d = data, data, tc, d
+        self.text, self.tok = text, tok
         self.per_step = tc.accum_steps * d.world
         self._plan: tuple[int, list[list[int]]] = (-1, [])
 
     def plan(self, epoch: int) -> list[list[int]]:
         if self._plan[0] != epoch:
-            plan = batch_plan(self.data, self.tc.max_tokens, seed=self.tc.seed, epoch=epoch)
+            tc = self.tc
+            if tc.subword_alpha and self.text and self.tok is not None:
+                seed = 1_000_003 * tc.seed + 2 * epoch  # resegment uses seed and seed + 1
+                self.data = resegment(self.text, self.best, self.tok, tc.subword_alpha, seed,
+                                      tc.max_len)  # fmt: skip
+            plan = batch_plan(self.data, tc.max_tokens, seed=tc.seed, epoch=epoch)
             if len(plan) < self.per_step:
                 raise ConfigError(
                     f"one step needs {self.per_step} batches but an epoch has {len(plan)}; "

@@ -48,6 +48,7 @@ class Tokenizer(ABC):
     pad_id: int
     bos_id: int  # the token the decoder starts from
     eos_id: int
+    samples = False  # has `sample_batch` (subword regularization)
 
     @staticmethod
     def train(
@@ -128,6 +129,15 @@ class Tokenizer(ABC):
         self, texts: Sequence[str], *, bos: bool = False, eos: bool = True, side: Side = "source"
     ) -> list[list[int]]: ...
 
+    def sample_batch(
+        self, texts: Sequence[str], alpha: float, seed: int, *, bos: bool = False, eos: bool = True
+    ) -> list[list[int]]:
+        """`encode_batch`, each text segmented by sampling instead of the one best way:
+        subword regularization (Kudo, 2018; for BPE, BPE-dropout: Provilkov et al., 2020,
+        every merge skipped with probability `alpha`). The same `seed` gives the same ids, and
+        `decode` gives the texts back. Only aiayn's own tokenizer samples (`samples`)."""
+        raise DataError(f"a {type(self).__name__} cannot sample segmentations")
+
     @abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`, stopping at the first EOS and skipping PAD and BOS."""
@@ -156,6 +166,8 @@ ONE_BY_ONE = 32
 
 class JointTokenizer(Tokenizer):
     """One SentencePiece model for both sides, with aiayn's special-token conventions."""
+
+    samples = True
 
     def __init__(self, proto: bytes) -> None:
         self.proto = proto
@@ -254,6 +266,17 @@ class JointTokenizer(Tokenizer):
             encoded = [self.sp.encode(text, out_type=int) for text in texts]
         else:
             encoded = self.sp.encode(list(texts), out_type=int)
+        return [pre + ids + post for ids in encoded]
+
+    def sample_batch(
+        self, texts: Sequence[str], alpha: float, seed: int, *, bos: bool = False, eos: bool = True
+    ) -> list[list[int]]:
+        pre, post = [self.bos_id] if bos else [], [self.eos_id] if eos else []
+        # SentencePiece's sampler has one process-wide generator, and its threads draw from it
+        # in no fixed order: seeded here and on one thread, the ids depend on the seed alone.
+        spm.set_random_generator_seed(seed)
+        encoded = self.sp.encode(list(texts), out_type=int, enable_sampling=True, alpha=alpha,
+                                 nbest_size=-1, num_threads=1)  # fmt: skip
         return [pre + ids + post for ids in encoded]
 
     def decode(self, ids: Sequence[int]) -> str:

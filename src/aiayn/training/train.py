@@ -136,6 +136,8 @@ def check_recipe(tc: TrainConfig) -> None:
         raise ConfigError("train.best_metric = 'bleu' needs train.bleu_samples >= 1")
     if not 0.0 < tc.budget_decay <= 1.0:
         raise ConfigError(f"train.budget_decay={tc.budget_decay} must be in (0, 1]")
+    if not 0.0 <= tc.subword_alpha < 1.0:
+        raise ConfigError(f"train.subword_alpha={tc.subword_alpha} must be in [0, 1)")
     if tc.average_last == 0:
         return
     if tc.lr_schedule != "cosine_budget":
@@ -268,7 +270,7 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     tc, d, state = run.tc, run.d, run.state
-    loader = StepLoader(run.data.train, tc, d)
+    loader = StepLoader(run.data.train, tc, d, run.data.train_text, run.tok)
     bar = tqdm(
         total=_bar_total(tc, loader, state.epoch),
         initial=state.step,
@@ -292,7 +294,7 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
                 state.epoch, state.batch_in_epoch
             )
             pad_id = run.cfg.model.pad_id
-            batches = [collate(run.data.train, idx, pad_id).to(d.device) for idx in chunk]
+            batches = [collate(loader.data, idx, pad_id).to(d.device) for idx in chunk]
             totals = train_step(net, run.opt, batches, tokens=tokens, lr=lr, pad_id=pad_id,
                                 tc=tc, d=d, precision=run.precision)  # fmt: skip
             state.step, state.tokens = state.step + 1, state.tokens + tokens
