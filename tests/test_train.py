@@ -258,6 +258,21 @@ def test_refuses_foreign_dirs_incompatible_configs_and_corrupt_checkpoints(corpu
     assert after == before  # nothing overwritten by any refused attempt
 
 
+def test_a_run_from_before_a_field_existed_resumes_under_its_default(corpus, tok, tmp_path):
+    """A field added after the run started is missing from its run_config.json: the default
+    (new options start off) is what the run ran, so it resumes under it, and only under it."""
+    out = tmp_path / "run"
+    train(tiny(corpus, out, **{"train.max_steps": 4}), tokenizer=tok, progress=False)
+    path = out / "run_config.json"
+    saved = json.loads(path.read_text())
+    del saved["train"]["subword_alpha"], saved["model"]["activation"]
+    path.write_text(json.dumps(saved))
+    with pytest.raises(CheckpointError, match=r"train.subword_alpha was 0.0, now 0.1"):
+        train(tiny(corpus, out, **{"train.max_steps": 8, "train.subword_alpha": 0.1}),
+              progress=False)  # fmt: skip
+    assert train(tiny(corpus, out, **{"train.max_steps": 8}), progress=False).step == 8
+
+
 def test_resume_follows_moved_data_and_refuses_edited_data(corpus, tok, tmp_path):
     """The data is checked by content (sha256 in run_config.json): moved files resume, edited
     files are refused, whatever their path."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import random
 from dataclasses import dataclass
@@ -164,6 +165,14 @@ def data_fingerprint(tc: TrainConfig) -> dict[str, str]:
     return digests
 
 
+def _defaults(section: object) -> dict[str, Any]:
+    """The default of each field of a config dataclass that has one, as `to_dict` writes it."""
+    return json.loads(json.dumps({
+        f.name: f.default for f in dataclasses.fields(section)  # type: ignore[arg-type]
+        if f.default is not dataclasses.MISSING
+    }))  # fmt: skip
+
+
 def check_resumable(out: Path, cfg: Config, fingerprint: dict[str, str]) -> None:
     """Refuse to resume under a model, recipe or data that differs from the one saved."""
     saved = read_run_config(out)
@@ -173,15 +182,21 @@ def check_resumable(out: Path, cfg: Config, fingerprint: dict[str, str]) -> None
     # Data checked by content may have moved; without a recorded digest, the path must match.
     movable = RESUMABLE_CHANGES | {f for f in DATA_FIELDS if f in saved_sha}
     now = to_dict(cfg)
+    # A field added to aiayn after the run started is absent from its run_config.json; its
+    # default keeps the old behaviour (new options start off), so the default is what it ran.
+    was = {
+        section: {**_defaults(getattr(cfg, section)), **saved.get(section, {})}
+        for section in ("model", "train")
+    }
     diffs = [
         f"train.{name} {getattr(cfg.train, name)} differs from the file the run started with"
         for name, digest in saved_sha.items()
         if fingerprint.get(name) != digest
     ] + [
-        f"{section}.{k} was {saved.get(section, {}).get(k)!r}, now {v!r}"
+        f"{section}.{k} was {was[section].get(k)!r}, now {v!r}"
         for section in ("model", "train")
         for k, v in now[section].items()
-        if saved.get(section, {}).get(k) != v and not (section == "train" and k in movable)
+        if was[section].get(k) != v and not (section == "train" and k in movable)
     ]
     if diffs:
         raise CheckpointError(
