@@ -1,0 +1,43 @@
+#!/bin/bash
+# Multi30k en -> de on tok/ at the published batch (~8,192 tokens an update, as fairseq's two
+# GPUs of 4,096 tokens each gave the published 41.0), three runs side by side on one GPU:
+#   E, F  the own-data recipe (configs/multi30k_en_de_8000.toml), seeds 1 and 2, its schedule
+#         fitted to MINUTES (8,000 updates at most)
+#   H     the published fairseq recipe (configs/multi30k_en_de_tiny.toml with inverse_sqrt,
+#         warmup 2,000, peak 5e-3), 8,000 updates or MINUTES, whichever comes first
+# then each run's last 10 checkpoints averaged and scored greedy / beam 5 on test2016/2017.
+# docs/benchmarks.md, "The published batch on a GPU", has the figures of one H100.
+#
+#   bash bench/multi30k_published_batch.sh [DATA] [OUT]    # MINUTES=5.5 DEVICE=cuda by default
+# DATA holds raw/ and tok/ (default ../shared/data/multi30k); OUT gets the runs (runs/b8k).
+# One process's Python host thread is the limit on a GPU (~15-25 updates/s each on an H100),
+# so side by side they use it better than one at a time.
+set -u
+DATA=${1:-../shared/data/multi30k}; OUT=${2:-runs/b8k}
+MINUTES=${MINUTES:-5.5}; DEVICE=${DEVICE:-cuda}
+[ -d "$DATA/tok" ] || { echo "multi30k_published_batch: no tok/ under $DATA" >&2; exit 2; }
+mkdir -p "$OUT"
+T=$DATA/tok
+C=(--set "train.src=$T/train.lc.norm.tok.en" --set "train.tgt=$T/train.lc.norm.tok.de"
+   --set "train.valid_src=$T/val.lc.norm.tok.en" --set "train.valid_tgt=$T/val.lc.norm.tok.de"
+   --set "train.device=$DEVICE" --set train.threads=1 --set train.max_tokens=8192
+   --set train.keep_last=10 --set "train.max_minutes=$MINUTES" --no-progress)
+OWN=(--config configs/multi30k_en_de_8000.toml)
+PUBLISHED=(--config configs/multi30k_en_de_tiny.toml --set train.lr_schedule=inverse_sqrt
+   --set train.lr=5e-3 --set train.warmup_steps=2000 --set train.max_steps=8000
+   --set train.max_epochs=1000 --set train.patience=0 --set train.save_every=65
+   --set train.valid_every=260)
+python -m aiayn train "${OWN[@]}" "${C[@]}" --set train.seed=1 --set "train.out_dir=$OUT/E" > "$OUT/E.log" 2>&1 &
+python -m aiayn train "${OWN[@]}" "${C[@]}" --set train.seed=2 --set "train.out_dir=$OUT/F" > "$OUT/F.log" 2>&1 &
+python -m aiayn train "${PUBLISHED[@]}" "${C[@]}" --set train.seed=1 --set "train.out_dir=$OUT/H" > "$OUT/H.log" 2>&1 &
+wait
+for r in E F H; do
+  grep -h "^stopped" "$OUT/$r.log" | sed "s/^/$r: /"
+  python -m aiayn average --run "$OUT/$r" --last 10 --out "$OUT/$r/avg10" > /dev/null
+  for m in averaged avg10; do
+    [ -d "$OUT/$r/$m" ] || continue
+    echo "== $r/$m"
+    python bench/multi30k_eval.py --model "$OUT/$r/$m" --data "$DATA" --src en --tgt de \
+        --beams 1,5 --tokenized | grep -v '^{'
+  done
+done
