@@ -127,6 +127,45 @@ def test_rows_joining_a_running_search_on_the_gpu_get_what_they_get_alone():
     continuous_equals_alone("cuda")
 
 
+def test_training_steps_queue_without_waiting_for_the_gpu(tiny_cfg):
+    """A step and the loop's per-step stop check never make the host wait for the GPU (batch
+    copies through pinned memory, loss totals kept on the device, the stop check on host
+    values), so the host queues the next step while the GPU runs this one. One warm-up step
+    first: the optimizer's state is created lazily."""
+    from aiayn.config import TrainConfig
+    from aiayn.runtime.device import Precision
+    from aiayn.runtime.distributed import Dist, all_sum
+    from aiayn.text.batches import Batch
+    from aiayn.training.loss import train_step
+
+    torch.manual_seed(3)
+    gpu = torch.device("cuda")
+    net = Transformer(tiny_cfg).to(gpu).train()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9)
+    d, tc = Dist(device=gpu), TrainConfig(clip_norm=1.0, label_smoothing=0.1)
+    precision = Precision(gpu, "bf16", False, "test")
+    src, tgt = random_batch(tiny_cfg)
+    host = Batch(src, tgt, tgt, int((tgt != tiny_cfg.pad_id).sum()))
+    window = torch.zeros(2, device=gpu)
+
+    def step() -> None:
+        nonlocal window
+        totals = train_step(net, opt, [host.to(gpu)], tokens=host.n_tgt_tokens, lr=1e-3,
+                            pad_id=tiny_cfg.pad_id, tc=tc, d=d, precision=precision)  # fmt: skip
+        window = window + totals
+        assert all_sum([0.0, 0.0], d) == [0.0, 0.0]  # Run.should_stop's check
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(window).all()
+
+
 def test_resume_on_the_gpu_is_bit_identical(corpus, tmp_path):
     """30 steps straight == 15, stop, resume, 15 more, on the GPU with dropout on: the CUDA
     generator is saved and restored, and deterministic kernels make the two runs comparable."""

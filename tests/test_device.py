@@ -130,6 +130,16 @@ def test_reduce_tensors_live_on_the_ranks_device_under_a_real_gloo_group():
         dist.destroy_process_group()
 
 
+def test_one_process_sums_host_values_without_the_device():
+    """The training loop's per-step stop check must not wait for a GPU: on one process,
+    host values are summed without a copy to the rank's device. A meta device, which holds no
+    data, stands in for a GPU: any round trip through it would raise."""
+    meta = Dist(device=torch.device("meta"))
+    assert all_sum([1.0, 0.0, 2.5], meta) == [1.0, 0.0, 2.5]
+    with pytest.raises((NotImplementedError, RuntimeError)):
+        reduce_tensor([1.0], meta).tolist()  # what all_sum did on one process before
+
+
 def _copy_corpus(tmp_path: Path) -> list[str]:
     lines = "\n".join(f"{a} {b}" for a in "abcdef" for b in "ghijkl") + "\n"
     for name in ("src", "tgt"):

@@ -1,7 +1,8 @@
 """The processes of one training run: the torchrun process group and stopping on a signal.
 
 Dist / init_distributed   rank, world size and device (gloo on CPU ranks, NCCL on GPUs)
-all_sum                   a sum over ranks, on the rank's device (one host sync per call)
+all_sum                   a sum over ranks, on the rank's device (one host sync per call;
+                          on one process a plain copy that never touches the device)
 stop_on_signals           Ctrl-C / SIGTERM become a flag the loop checks after each step
 """
 
@@ -58,11 +59,14 @@ def reduce_tensor(values: Tensor | list[float], d: Dist) -> Tensor:
 
 
 def all_sum(values: Tensor | list[float], d: Dist) -> list[float]:
-    """Sum over ranks (a plain copy on one process). One host sync: call it per log, not per
-    micro-batch."""
+    """Sum over ranks. Several ranks: one host sync, so call it per log, not per micro-batch.
+    One process: a plain copy, and host values never go through the device. The loop asks
+    `should_stop` after every step; a round trip through a GPU there would make the host wait
+    for each step's kernels before it could queue the next step's."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return values.tolist() if isinstance(values, Tensor) else [float(v) for v in values]
     t = reduce_tensor(values, d)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
+    dist.all_reduce(t)
     return t.tolist()
 
 
