@@ -9,6 +9,7 @@
 # docs/benchmarks.md, "The published batch on a GPU", has the figures of one H100.
 #
 #   bash bench/multi30k_published_batch.sh [DATA] [OUT]    # MINUTES=5.5 DEVICE=cuda by default
+#   EXTRA="--set train.compile=true" bash bench/multi30k_published_batch.sh   # options for all three
 # DATA holds raw/ and tok/ (default ../shared/data/multi30k); OUT gets the runs (runs/b8k).
 # One process's Python host thread is the limit on a GPU (~15-25 updates/s each on an H100),
 # so side by side they use it better than one at a time.
@@ -21,7 +22,7 @@ T=$DATA/tok
 C=(--set "train.src=$T/train.lc.norm.tok.en" --set "train.tgt=$T/train.lc.norm.tok.de"
    --set "train.valid_src=$T/val.lc.norm.tok.en" --set "train.valid_tgt=$T/val.lc.norm.tok.de"
    --set "train.device=$DEVICE" --set train.threads=1 --set train.max_tokens=8192
-   --set train.keep_last=10 --set "train.max_minutes=$MINUTES" --no-progress)
+   --set train.keep_last=10 --set "train.max_minutes=$MINUTES" --no-progress ${EXTRA:-})
 OWN=(--config configs/multi30k_en_de_8000.toml)
 PUBLISHED=(--config configs/multi30k_en_de_tiny.toml --set train.lr_schedule=inverse_sqrt
    --set train.lr=5e-3 --set train.warmup_steps=2000 --set train.max_steps=8000
