@@ -3,7 +3,7 @@
 # GPUs of 4,096 tokens each gave the published 41.0), three runs side by side on one GPU:
 #   E, F  the own-data recipe (configs/multi30k_en_de_8000.toml), seeds 1 and 2, its schedule
 #         fitted to MINUTES (8,000 updates at most)
-#   H     the published fairseq recipe (configs/multi30k_en_de_tiny.toml with inverse_sqrt,
+#   H     the published fairseq recipe (configs/multi30k_en_de_published.toml: inverse_sqrt,
 #         warmup 2,000, peak 5e-3), 8,000 updates or MINUTES, whichever comes first
 # then each run's last 10 checkpoints averaged and scored greedy / beam 5 on test2016/2017.
 # docs/benchmarks.md, "The published batch on a GPU", has the figures of one H100.
@@ -24,10 +24,7 @@ C=(--set "train.src=$T/train.lc.norm.tok.en" --set "train.tgt=$T/train.lc.norm.t
    --set "train.device=$DEVICE" --set train.threads=1 --set train.max_tokens=8192
    --set train.keep_last=10 --set "train.max_minutes=$MINUTES" --no-progress ${EXTRA:-})
 OWN=(--config configs/multi30k_en_de_8000.toml)
-PUBLISHED=(--config configs/multi30k_en_de_tiny.toml --set train.lr_schedule=inverse_sqrt
-   --set train.lr=5e-3 --set train.warmup_steps=2000 --set train.max_steps=8000
-   --set train.max_epochs=1000 --set train.patience=0 --set train.save_every=65
-   --set train.valid_every=260)
+PUBLISHED=(--config configs/multi30k_en_de_published.toml)
 python -m aiayn train "${OWN[@]}" "${C[@]}" --set train.seed=1 --set "train.out_dir=$OUT/E" > "$OUT/E.log" 2>&1 &
 python -m aiayn train "${OWN[@]}" "${C[@]}" --set train.seed=2 --set "train.out_dir=$OUT/F" > "$OUT/F.log" 2>&1 &
 python -m aiayn train "${PUBLISHED[@]}" "${C[@]}" --set train.seed=1 --set "train.out_dir=$OUT/H" > "$OUT/H.log" 2>&1 &
