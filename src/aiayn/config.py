@@ -180,9 +180,10 @@ class TrainConfig:
     valid_every: int = 1000
     save_every: int = 1000
     keep_last: int = 5  # checkpoints kept for averaging (the paper averages the last 5 / 20)
-    # cosine_budget only: save this many evenly spaced checkpoints over the last 20% (times
-    # budget_decay) of the schedule and write their average to OUT_DIR/averaged at the end;
-    # 0 = off
+    # average this many checkpoints into OUT_DIR/averaged at the end, its alpha chosen on
+    # validation: cosine_budget saves them evenly spaced over the last 20% (times
+    # budget_decay) of its schedule; other schedules take the last ones kept (save_every
+    # apart, and the final step's), as `aiayn average --last`. 0 = off
     average_last: int = 0
     patience: int = 0  # validations without improvement before stopping; 0 = never
     best_metric: Literal["loss", "bleu"] = "loss"

@@ -1,5 +1,5 @@
-"""The end of a run: the final validation, the averaged model of a `cosine_budget` run and
-its length penalty chosen on validation, saved as the model's `[decode]` default.
+"""The end of a run: the final validation, the averaged model (`average_last`) and its length
+penalty chosen on validation, saved as the model's `[decode]` default.
 """
 
 from __future__ import annotations
@@ -34,8 +34,19 @@ def averaged_steps(planned: list[int], step: int) -> list[int]:
 
 
 def _write_average(run: Run) -> bool:
-    """Average the planned checkpoints that exist (`averaged_steps`) into OUT_DIR/averaged (a
-    model directory), replacing it whole when a finished run is rerun."""
+    """Average into OUT_DIR/averaged (a model directory, replaced whole when a finished run is
+    rerun): a `cosine_budget` run's planned checkpoints that exist (`averaged_steps`); any
+    other schedule's last `average_last` checkpoints, as `aiayn average --last` takes them."""
+    if run.tc.lr_schedule != "cosine_budget":
+        dirs = list_checkpoints(run.out)[-run.tc.average_last :]
+        if len(dirs) < 2:
+            log.warning("no averaged model: %d checkpoint(s) kept, %d to average", len(dirs),
+                        run.tc.average_last)  # fmt: skip
+            return False
+        write_average(dirs, run.out / AVERAGED_DIR, replace=True)
+        log.info("averaged the last %d checkpoints (steps %s) into %s", len(dirs),
+                 [int(c.name[5:]) for c in dirs], run.out / AVERAGED_DIR)  # fmt: skip
+        return True
     planned = run.planned_averages()
     chosen = averaged_steps(planned, run.state.step)
     dirs = [c for c in list_checkpoints(run.out) if int(c.name[5:]) in chosen]
@@ -56,7 +67,7 @@ def _write_average(run: Run) -> bool:
     return True
 
 
-# Length penalties tried on validation at the end of a cosine_budget run: the paper's 0.6 and
+# Length penalties tried on validation at the end of an averaging run: the paper's 0.6 and
 # larger ones, which undertrained models' short beam outputs needed on Multi30k (issue 15).
 ALPHA_GRID = (0.6, 1.0, 1.4, 2.0)
 ALPHA_SENTENCES = 300  # validation sentences decoded per α: a bounded cost at a run's end
@@ -98,7 +109,7 @@ def _choose_alpha(run: Run, progress: bool) -> None:
 
 def finish_run(run: Run, stopped: str, progress: bool = False) -> None:
     """Validate and save the final weights (they compete for "best" too), average and choose
-    alpha (cosine_budget with average_last); wait for all ranks."""
+    alpha (with average_last); wait for all ranks."""
     state, out, d = run.state, run.out, run.d
     t_finish = time.monotonic()
     if run.data.valid and stopped != "signal" and run.last_validated != state.step:

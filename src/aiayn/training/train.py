@@ -140,8 +140,6 @@ def check_recipe(tc: TrainConfig) -> None:
         raise ConfigError(f"train.subword_alpha={tc.subword_alpha} must be in [0, 1)")
     if tc.average_last == 0:
         return
-    if tc.lr_schedule != "cosine_budget":
-        raise ConfigError("train.average_last needs train.lr_schedule = 'cosine_budget'")
     if tc.average_last < 2:
         raise ConfigError(f"train.average_last={tc.average_last}: average at least 2 (0 = off)")
     if tc.average_last > tc.keep_last:
