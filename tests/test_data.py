@@ -19,6 +19,7 @@ from aiayn.text.batches import (
     batch_plan,
     collate,
     encode_pairs,
+    pad_rows,
     padding_efficiency,
     padding_parts,
     resegment,
@@ -172,6 +173,18 @@ def test_collate_shifts_targets_and_pads():
     assert b.tgt_out_BT.tolist() == [[7, 8, 9, EOS_ID], [7, EOS_ID, PAD_ID, PAD_ID]]
     assert b.n_tgt_tokens == 6
     assert b.to("cpu").src_BS.dtype == torch.long
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2**40), max_size=12), min_size=1, max_size=20),
+       st.integers(0, 3))  # fmt: skip
+def test_pad_rows_is_each_row_then_padding(rows, pad_id):
+    """Written all at once through a mask, the batch is still each row in its place, then
+    `pad_id` to the longest row (empty rows, and a batch of only empty rows, included)."""
+    out = pad_rows(rows, pad_id)
+    width = max(len(r) for r in rows)
+    assert out.dtype == torch.long and out.shape == (len(rows), width)
+    assert out.tolist() == [[*r, *[pad_id] * (width - len(r))] for r in rows]
 
 
 def random_examples(seed: int, n: int, max_len: int) -> list[Example]:

@@ -192,11 +192,16 @@ def padding_parts(sizes: Sequence[int], slack: int) -> list[list[int]]:
 
 def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> Tensor:
     """(len(rows), longest) long tensor of the rows, right-padded with `pad_id`: the one padding
-    function (training batches, translation batches, attention pictures)."""
-    width = max(len(r) for r in rows)
+    function (training batches, translation batches, attention pictures).
+
+    One tensor of all the ids, written through a mask of the real positions: a tensor per row
+    cost ~13 ms for a 600-sentence training batch (three per step), the host time of a small
+    model's whole GPU step; this takes under 1 ms."""
+    lens_B = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    width = int(lens_B.max())
     out = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    for b, r in enumerate(rows):
-        out[b, : len(r)] = torch.tensor(r, dtype=torch.long)
+    real_BW = torch.arange(width)[None, :] < lens_B[:, None]  # row-major: the rows' own order
+    out[real_BW] = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=torch.long)
     return out
 
 
