@@ -35,16 +35,32 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**16), eps=st.sampled_from([0.0, 0.1, 0.3]), n=st.integers(1, 40))
 def test_loss_equals_torch_cross_entropy(seed, eps, n):
+    """Value and gradient: the written-out backward against autograd through PyTorch's."""
     g = torch.Generator().manual_seed(seed)
-    logits_NV = torch.randn(n, 11, generator=g) * 3
+    logits_NV = (torch.randn(n, 11, generator=g) * 3).requires_grad_()
+    ref_logits_NV = logits_NV.detach().clone().requires_grad_()
     target_N = torch.randint(0, 11, (n,), generator=g)  # includes PAD_ID = 0 sometimes
     loss, nll = label_smoothed_loss(logits_NV, target_N, eps, PAD_ID)
     ref = F.cross_entropy(
-        logits_NV, target_N, label_smoothing=eps, ignore_index=PAD_ID, reduction="sum"
+        ref_logits_NV, target_N, label_smoothing=eps, ignore_index=PAD_ID, reduction="sum"
     )
-    ref_nll = F.cross_entropy(logits_NV, target_N, ignore_index=PAD_ID, reduction="sum")
+    ref_nll = F.cross_entropy(ref_logits_NV, target_N, ignore_index=PAD_ID, reduction="sum")
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-5)
+    (2.5 * loss).backward()  # an upstream gradient other than 1 reaches every row
+    (2.5 * ref).backward()
+    torch.testing.assert_close(logits_NV.grad, ref_logits_NV.grad, rtol=1e-5, atol=1e-6)
+    assert not nll.requires_grad  # a reading for the log, not a second objective
+
+
+def test_loss_gradient_comes_back_in_the_logits_dtype():
+    """Under bf16 autocast the logits are bf16: the loss is computed in fp32 and its gradient
+    is handed back as bf16, as autograd's cast would."""
+    logits = torch.randn(5, 9).to(torch.bfloat16).requires_grad_()
+    loss, _ = label_smoothed_loss(logits, torch.tensor([1, 2, PAD_ID, 4, 5]), 0.1, PAD_ID)
+    assert loss.dtype == torch.float32
+    loss.backward()
+    assert logits.grad.dtype == torch.bfloat16
 
 
 def test_loss_ignores_pad_completely():
