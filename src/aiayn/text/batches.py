@@ -196,7 +196,7 @@ def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> Tensor:
 
     One tensor of all the ids, written through a mask of the real positions: a tensor per row
     cost ~13 ms for a 600-sentence training batch (three per step), the host time of a small
-    model's whole GPU step; this takes under 1 ms."""
+    model's whole GPU step; this takes ~1.4 ms (one thread of an AMD EPYC Zen 3)."""
     lens_B = torch.tensor([len(r) for r in rows], dtype=torch.long)
     width = int(lens_B.max())
     out = torch.full((len(rows), width), pad_id, dtype=torch.long)

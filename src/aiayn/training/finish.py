@@ -37,29 +37,23 @@ def _write_average(run: Run) -> bool:
     """Average into OUT_DIR/averaged (a model directory, replaced whole when a finished run is
     rerun): a `cosine_budget` run's planned checkpoints that exist (`averaged_steps`); any
     other schedule's last `average_last` checkpoints, as `aiayn average --last` takes them."""
-    if run.tc.lr_schedule != "cosine_budget":
-        dirs = list_checkpoints(run.out)[-run.tc.average_last :]
-        if len(dirs) < 2:
-            log.warning("no averaged model: %d checkpoint(s) kept, %d to average", len(dirs),
-                        run.tc.average_last)  # fmt: skip
-            return False
-        write_average(dirs, run.out / AVERAGED_DIR, replace=True)
-        log.info("averaged the last %d checkpoints (steps %s) into %s", len(dirs),
-                 [int(c.name[5:]) for c in dirs], run.out / AVERAGED_DIR)  # fmt: skip
-        return True
-    planned = run.planned_averages()
-    chosen = averaged_steps(planned, run.state.step)
-    dirs = [c for c in list_checkpoints(run.out) if int(c.name[5:]) in chosen]
+    kept, n = list_checkpoints(run.out), run.tc.average_last
+    if run.tc.lr_schedule == "cosine_budget":
+        planned = run.planned_averages()
+        chosen = averaged_steps(planned, run.state.step)
+        dirs = [c for c in kept if int(c.name[5:]) in chosen]
+        missing = (f"{len(dirs)} of the {n} planned checkpoints exist (steps {planned}); the "
+                   "run stopped before its schedule's end")  # fmt: skip
+    else:
+        dirs, planned = kept[-n:], []
+        missing = f"{len(dirs)} checkpoint(s) kept, {n} to average"
     if len(dirs) < 2:
-        log.warning(
-            "no averaged model: %d of the %d planned checkpoints exist (steps %s); the run "
-            "stopped before its schedule's end", len(dirs), run.tc.average_last, planned,
-        )  # fmt: skip
+        log.warning("no averaged model: %s", missing)
         return False
     final = run.out / AVERAGED_DIR
     write_average(dirs, final, replace=True)
     steps = [int(c.name[5:]) for c in dirs]
-    stand_in = "" if set(steps) <= set(planned) else (
+    stand_in = "" if not planned or set(steps) <= set(planned) else (
         f" (stopped at step {run.state.step}, before the schedule's end at {planned[-1]}: its "
         "checkpoint stands in for the planned ones not reached)"
     )  # fmt: skip
