@@ -132,6 +132,7 @@ def main() -> None:
         default=["continuous", "turns"],
         help="the server's --batching, each compared",
     )
+    p.add_argument("--window-ms", type=float, default=10.0, help="the server's --window-ms")
     p.add_argument("--clients", type=int, default=16, help="clients sending long requests")
     p.add_argument("--singles", type=int, default=60, help="one-sentence requests timed")
     p.add_argument("--threads", type=int, default=1)
@@ -149,11 +150,13 @@ def main() -> None:
     for batching, rows in itertools.product(args.batching, args.chunk_rows):
         proc, url = launch(args.model, ["--threads", str(args.threads), "--timeout", "300",
                                         "--device", args.device, "--batching", batching,
-                                        *turn_flags(rows)],
+                                        "--window-ms", str(args.window_ms), *turn_flags(rows)],
                            args.server_cpus)  # fmt: skip
         try:
             found = asyncio.run(measure(url, short, long, args))
-            runs.append({"batching": batching, "chunk_rows": rows, **found})
+            runs.append(
+                {"batching": batching, "chunk_rows": rows, "window_ms": args.window_ms, **found}
+            )
         finally:
             proc.terminate()
             proc.wait(60)
