@@ -31,6 +31,12 @@ def test_quickstart_writes_metrics_picture_and_a_usable_model(tmp_path, capsys):
     train_src = set((out / "data" / "train.en").read_text().splitlines())
     test_src = (out / "data" / "test.en").read_text().splitlines()
     assert not train_src & set(test_src)
+    # A rerun resumes the finished run (its budget spent) and says so.
+    assert main(["quickstart", "--out", str(out), "--minutes", "0.05",
+                 "--n-train", "600", "--n-test", "20"]) == 0  # fmt: skip
+    again = json.loads((out / "metrics.json").read_text())
+    assert again["resumed_from_step"] == metrics["steps"] > 0
+    assert f"resumed {out / 'model'} at step {metrics['steps']}" in capsys.readouterr().out
 
 
 def test_quickstart_rejects_bad_arguments(tmp_path, capsys):

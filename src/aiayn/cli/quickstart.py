@@ -92,6 +92,7 @@ def run_quickstart(
         device: where to train and translate (auto | cpu | cuda | cuda:N | mps).
     """
     from aiayn.runtime.device import resolve_device
+    from aiayn.store.run_dir import find_resume
     from aiayn.text.synthetic import write_corpus
     from aiayn.training.train import train
     from aiayn.translate.translator import Translator
@@ -109,6 +110,10 @@ def run_quickstart(
     )
 
     cfg = quickstart_config(data_dir, model_dir, minutes, seed, device)
+    # A rerun resumes the run in OUT/model (its budget spent: no step more); say so, not
+    # "trained N steps in 0 s".
+    resumed = find_resume(model_dir)
+    first_step = int(resumed.name.removeprefix("step_")) if resumed is not None else 0
     t_train = time.monotonic()
     result = train(cfg, progress=progress)
     train_seconds = time.monotonic() - t_train
@@ -119,6 +124,7 @@ def run_quickstart(
         "train_pairs": n_train,
         "train_seconds": round(train_seconds, 1),
         "steps": result.step,
+        "resumed_from_step": first_step,
         "stopped": result.stopped,
         "model_dir": str(model_dir),
         "picture": str(_draw_showcase(translator, out / "cross_attention.png")),
@@ -182,8 +188,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"chrF {summary['chrf']:.1f}  on {summary['test_pairs']} test pairs",
         "(German writes a number as one word, and BLEU counts word 4-grams, so BLEU is ~0 "
         "for any system here; exact match and chrF are the scores that mean something)",
-        f"trained {summary['steps']} steps in {summary['train_seconds']:.0f} s "
-        f"({summary['total_seconds']:.0f} s in all)",
+        _training_line(summary),
         f"cross-attention picture: {summary['picture']}",
         f"translate more: aiayn translate --model {summary['model_dir']}",
     ]
@@ -192,3 +197,14 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def summary_json(summary: dict[str, Any]) -> str:
     return json.dumps(summary, indent=2, ensure_ascii=False)
+
+
+def _training_line(summary: dict[str, Any]) -> str:
+    took = f"{summary['train_seconds']:.0f} s ({summary['total_seconds']:.0f} s in all)"
+    first = summary.get("resumed_from_step", 0)
+    if not first:
+        return f"trained {summary['steps']} steps in {took}"
+    return (
+        f"resumed {summary['model_dir']} at step {first}: {summary['steps'] - first} steps more "
+        f"in {took}; delete that directory to train afresh"
+    )
