@@ -86,7 +86,7 @@ def main() -> None:
     tr = Translator.load(args.model, device="cpu")
     _, ids = tr.encode_lines(lines)
     cfg = tr.settings(beam=args.beam) if args.beam else tr.cfg
-    slack = sys.maxsize if args.one_part else part_slack(tr.model.cfg, tr.device)
+    slack = sys.maxsize if args.one_part else part_slack(tr)
     tr.translate_hyps(lines[:64], cfg)  # warm up
     whole_s = cont_s = float("inf")
     for _ in range(args.reps):

@@ -646,3 +646,23 @@ def test_a_running_search_admits_one_sentence_of_each_waiting_request_in_turn(tr
     for job in (long_a, long_b, single):
         expected = translator.translate_hyps(job.lines, cfg)
         assert [r[0].text for r in job.future.result(0)] == [e[0].text for e in expected]
+
+
+def test_the_encoder_parts_slack_is_measured_on_this_machine(translator):
+    """A part may carry the padded positions that cost what one more pass costs: the fixed
+    cost of a pass over its cost per position, measured when the model worker starts."""
+    from aiayn.serve.batcher import Batcher
+    from aiayn.serve.streams import part_slack, slack_of
+
+    # 1 ms fixed + 10 us a position: 4 positions 1.04 ms, 256 positions 3.56 ms -> 100
+    assert slack_of(1.04e-3, 4, 3.56e-3, 256) == 100
+    assert slack_of(1e-3, 4, 0.5e-3, 256) == 4096  # no measurable cost per position: one part
+    assert slack_of(0.04e-3, 4, 2.56e-3, 256) == 0  # no fixed cost: a part per length
+    assert 0 <= part_slack(translator, reps=2) <= 4096
+    batcher = Batcher(translator)
+    try:
+        job = batcher.translate(["two"], translator.settings(), timeout_s=60)
+        assert job.future.result(60)[0][0].text == translator.translate(["two"])[0]
+        assert batcher._streams.slack is not None  # measured as the worker started
+    finally:
+        batcher.close()

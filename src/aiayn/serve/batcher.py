@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -144,6 +145,12 @@ class Batcher:
     # --- the worker ----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self.continuous:  # measured while the server finishes starting; jobs queue meanwhile
+            try:
+                log.info("encoder parts' slack: %d positions", self._streams.calibrate())
+            except Exception:  # a model that cannot be timed is served in one part
+                log.exception("model worker: measuring the encoder parts' slack")
+                self._streams.slack = sys.maxsize
         active: deque[_Group] = deque()
         stopping = False
         while True:

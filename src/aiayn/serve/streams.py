@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import torch
 
-from aiayn.config import DecodeConfig, ModelConfig
+from aiayn.config import DecodeConfig
 from aiayn.search.beam import BeamSearch
 from aiayn.search.rows import RowSearch
 from aiayn.search.settings import Hypothesis, max_output_lengths, output_cap
@@ -40,21 +40,47 @@ log = logging.getLogger(__name__)
 
 # An admitted group is encoded in parts of similar length (`padding_parts`): sentences arrive
 # in no order, and one padded batch of them wasted 29-51% of the encoder's positions on
-# Multi30k and the quick start corpus. A part may waste PART_COST / (its model's multiply-adds
-# per position and layer) positions before another part pays: the cost of one more pass of a
-# layer's ops, counted in multiply-adds. Measured on one CPU thread (AMD EPYC Zen 4): the
-# best slack was ~16 positions for d_model 256 / d_ff 1024 (encoder -25% in groups of 32) and
-# ~64 for 128 / 512, the same constant for both. On a GPU a step of this size is launch-bound,
-# and more parts only cost launches: one part (not measured there).
-PART_COST = 12_500_000
+# Multi30k and the quick start corpus. A part may carry as many padded positions as cost what
+# one more pass costs: the encoder and the cross K/V over a part have a fixed cost (the ops'
+# dispatch, small matrix products' set-up) besides their cost per position, and the ratio
+# differs between CPUs. Measured on one thread, the best slack for the quick start model was
+# ~64 positions on an AMD EPYC Zen 4 and one part on a Zen 3 (AVX2); for d_model 256, ~16 on
+# the Zen 4 and anywhere in 16-63 on the Zen 3 (docs/benchmarks.md, "Admission parts measured
+# at start"). So the server measures the ratio on its own machine when it starts. On a GPU a
+# pass of this size is launch-bound, and more parts only cost launches: one part (not
+# measured there).
 
 
-def part_slack(model_cfg: ModelConfig, device: torch.device) -> int:
-    """How many padded positions an encoder part may carry before a new part pays."""
-    if device.type != "cpu":
+def part_slack(translator: Translator, reps: int = 5) -> int:
+    """How many padded positions an encoder part may carry before another part pays: the fixed
+    cost of an admission pass (encoder + cross K/V) over its cost per position, from the
+    fastest of `reps` passes over a 1 x 4 and an 8 x 32 batch (~0.1-0.5 s on a CPU for the
+    models of this project). Parts change no result, only the time they take."""
+    if translator.device.type != "cpu":
         return sys.maxsize
-    d, d_ff = model_cfg.d_model, model_cfg.d_ff
-    return PART_COST // (4 * d * d + 2 * d * d_ff)  # Q, K, V, output projections; the FFN
+    model, device = translator.model, translator.device
+    token = next(i for i in range(model.cfg.vocab_size) if i != model.cfg.pad_id)
+
+    def seconds(rows: int, positions: int) -> float:
+        src = torch.full((rows, positions), token, dtype=torch.long, device=device)
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            model.init_cache(model.encode(src), 0)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    with inference(model), translator.precision.autocast():
+        seconds(1, 4)  # warm: the first pass pays one-time costs (weights prepacked, pages)
+        return slack_of(seconds(1, 4), 4, seconds(8, 32), 8 * 32)
+
+
+def slack_of(small_s: float, small: int, large_s: float, large: int, most: int = 4096) -> int:
+    """Positions that cost what a pass's fixed cost does, from two passes' times: `small_s`
+    over `small` positions and `large_s` over `large` (a line through both), within 0..most."""
+    per_position = max(large_s - small_s, 1e-12) / (large - small)
+    fixed = max(small_s - small * per_position, 0.0)
+    return min(round(fixed / per_position), most)
 
 
 @dataclass(eq=False)  # identity: a request waits in a dict
@@ -139,12 +165,19 @@ class Streams:
         worst request the limits allow holds the model no longer here than in a turn."""
         self.translator, self.max_rows, self.report = translator, max_rows, report
         self.max_tokens = max_tokens
-        self.slack = part_slack(translator.model.cfg, translator.device)
+        self.slack: int | None = None  # part_slack(), measured by `calibrate` (or set)
         self._streams: dict[DecodeConfig, _Stream] = {}
         self._admissions = 0  # admissions so far, over all searches: their turns
 
     def __bool__(self) -> bool:
         return bool(self._streams)
+
+    def calibrate(self) -> int:
+        """The encoder parts' slack (`part_slack`), measured once: the model worker does it as
+        it starts, before the first admission needs it."""
+        if self.slack is None:
+            self.slack = part_slack(self.translator)
+        return self.slack
 
     def step(self, aborting: bool = False) -> None:
         """One step of every running search; a search with nothing left is closed.
@@ -224,7 +257,7 @@ class Streams:
         try:
             with inference(self.translator.model), self.translator.precision.autocast():
                 if admit:
-                    cut = padding_parts([len(sent.ids) for _, sent in admit], self.slack)
+                    cut = padding_parts([len(sent.ids) for _, sent in admit], self.calibrate())
                     parts = [self.translator.pad([admit[i][1].ids for i in p]) for p in cut]
                     admit = [admit[i] for part in cut for i in part]  # the rows' order
                     for r, (e, sent) in zip(stream.run.add(*parts), admit, strict=True):
