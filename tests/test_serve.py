@@ -5,6 +5,7 @@ bad request is a 4xx JSON `{"error": ...}`; concurrent requests are merged and e
 own answer; SIGTERM answers everything accepted and exits 0; the API key is checked.
 """
 
+import dataclasses
 import json
 import re
 import shutil
@@ -21,6 +22,7 @@ from serving import ServerProcess
 
 from aiayn.cli.main import main
 from aiayn.errors import CheckpointError
+from aiayn.nn.model import Transformer
 from aiayn.serve.batcher import Batcher
 from aiayn.serve.jobs import ExpiredError, Job
 from aiayn.translate.translator import Translator
@@ -659,6 +661,10 @@ def test_the_encoder_parts_slack_is_measured_on_this_machine(translator):
     assert slack_of(1e-3, 4, 0.5e-3, 256) == 4096  # no measurable cost per position: one part
     assert slack_of(0.04e-3, 4, 2.56e-3, 256) == 0  # no fixed cost: a part per length
     assert 0 <= part_slack(translator, reps=2) <= 4096
+    short = Translator(  # a positional table shorter than the timed batches
+        Transformer(dataclasses.replace(translator.model.cfg, max_len=3)), translator.tokenizer
+    )
+    assert 0 <= part_slack(short, reps=1) <= 4096
     batcher = Batcher(translator)
     try:
         job = batcher.translate(["two"], translator.settings(), timeout_s=60)

@@ -70,9 +70,10 @@ def part_slack(translator: Translator, reps: int = 5) -> int:
             best = min(best, time.perf_counter() - t0)
         return best
 
+    short, long = min(4, model.cfg.max_len), min(32, model.cfg.max_len)  # max_len >= 2
     with inference(model), translator.precision.autocast():
-        seconds(1, 4)  # warm: the first pass pays one-time costs (weights prepacked, pages)
-        return slack_of(seconds(1, 4), 4, seconds(8, 32), 8 * 32)
+        seconds(1, short)  # warm: the first pass pays one-time costs (weights prepacked, pages)
+        return slack_of(seconds(1, short), short, seconds(8, long), 8 * long)
 
 
 def slack_of(small_s: float, small: int, large_s: float, large: int, most: int = 4096) -> int:
