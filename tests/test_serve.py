@@ -653,7 +653,6 @@ def test_a_running_search_admits_one_sentence_of_each_waiting_request_in_turn(tr
 def test_the_encoder_parts_slack_is_measured_on_this_machine(translator):
     """A part may carry the padded positions that cost what one more pass costs: the fixed
     cost of a pass over its cost per position, measured when the model worker starts."""
-    from aiayn.serve.batcher import Batcher
     from aiayn.serve.streams import part_slack, slack_of
 
     # 1 ms fixed + 10 us a position: 4 positions 1.04 ms, 256 positions 3.56 ms -> 100
