@@ -27,17 +27,19 @@ C=(--set "train.src=$T/train.lc.norm.tok.en" --set "train.tgt=$T/train.lc.norm.t
    --set train.keep_last=10 --set "train.max_minutes=$MINUTES" --no-progress ${EXTRA:-})
 OWN=(--config configs/multi30k_en_de_8000.toml)
 PUBLISHED=(--config configs/multi30k_en_de_published.toml)
-RUNS=${RUNS:-E F H}
-for r in $RUNS; do
-  case $r in E|F|H|I) ;; *) echo "multi30k_published_batch: unknown run $r (E, F, H, I)" >&2; exit 2 ;; esac
-done
-for r in $RUNS; do
-  case $r in
+recipe() {  # R: the options of run $1
+  case $1 in
     E) R=("${OWN[@]}" --set train.seed=1) ;;
     F) R=("${OWN[@]}" --set train.seed=2) ;;
     H) R=("${PUBLISHED[@]}" --set train.seed=1) ;;
     I) R=("${PUBLISHED[@]}" --set train.seed=2) ;;
+    *) echo "multi30k_published_batch: unknown run $1 (E, F, H, I)" >&2; exit 2 ;;
   esac
+}
+RUNS=${RUNS:-E F H}
+for r in $RUNS; do recipe "$r"; done  # every name checked before a run starts
+for r in $RUNS; do
+  recipe "$r"
   python -m aiayn train "${R[@]}" "${C[@]}" --set "train.out_dir=$OUT/$r" > "$OUT/$r.log" 2>&1 &
 done
 wait

@@ -92,6 +92,7 @@ def run_quickstart(
         device: where to train and translate (auto | cpu | cuda | cuda:N | mps).
     """
     from aiayn.runtime.device import resolve_device
+    from aiayn.store.checkpoints import checkpoint_step
     from aiayn.store.run_dir import find_resume
     from aiayn.text.synthetic import write_corpus
     from aiayn.training.train import train
@@ -113,7 +114,7 @@ def run_quickstart(
     # A rerun resumes the run in OUT/model (its budget spent: no step more); say so, not
     # "trained N steps in 0 s".
     resumed = find_resume(model_dir)
-    first_step = int(resumed.name.removeprefix("step_")) if resumed is not None else 0
+    first_step = checkpoint_step(resumed) if resumed is not None else 0
     t_train = time.monotonic()
     result = train(cfg, progress=progress)
     train_seconds = time.monotonic() - t_train

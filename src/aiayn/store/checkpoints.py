@@ -102,7 +102,12 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     if not root.is_dir():
         return []
     found = [p for p in root.glob("step_*") if p.is_dir() and p.name[5:].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[5:]))
+    return sorted(found, key=checkpoint_step)
+
+
+def checkpoint_step(ckpt: Path) -> int:
+    """The step a checkpoint directory (`step_00001234`) was saved at."""
+    return int(ckpt.name[5:])
 
 
 def prune_checkpoints(run_dir: str | Path, keep: int) -> None:

@@ -14,7 +14,7 @@ from aiayn.atomic import atomic_write_json
 from aiayn.config import RUN_CONFIG_FILE
 from aiayn.nn.model import Transformer
 from aiayn.runtime.device import choose_precision
-from aiayn.store.checkpoints import list_checkpoints, write_average
+from aiayn.store.checkpoints import checkpoint_step, list_checkpoints, write_average
 from aiayn.store.model_dir import WEIGHTS_FILE, load_model_dir, save_model_dir
 from aiayn.store.run_dir import AVERAGED_DIR
 from aiayn.training.run import Run
@@ -41,7 +41,7 @@ def _write_average(run: Run) -> bool:
     if run.tc.lr_schedule == "cosine_budget":
         planned = run.planned_averages()
         chosen = averaged_steps(planned, run.state.step)
-        dirs = [c for c in kept if int(c.name[5:]) in chosen]
+        dirs = [c for c in kept if checkpoint_step(c) in chosen]
         missing = (f"{len(dirs)} of the {n} planned checkpoints exist (steps {planned}); the "
                    "run stopped before its schedule's end")  # fmt: skip
     else:
@@ -52,7 +52,7 @@ def _write_average(run: Run) -> bool:
         return False
     final = run.out / AVERAGED_DIR
     write_average(dirs, final, replace=True)
-    steps = [int(c.name[5:]) for c in dirs]
+    steps = [checkpoint_step(c) for c in dirs]
     stand_in = "" if not planned or set(steps) <= set(planned) else (
         f" (stopped at step {run.state.step}, before the schedule's end at {planned[-1]}: its "
         "checkpoint stands in for the planned ones not reached)"
