@@ -30,6 +30,7 @@ import torch
 from serve_load import cpu_name
 
 from aiayn.config import DecodeConfig
+from aiayn.runtime.memory import keep_freed_memory
 from aiayn.search.beam import BeamSearch
 from aiayn.search.rows import RowSearch
 from aiayn.search.step import inference
@@ -79,6 +80,7 @@ def main() -> None:
     p.add_argument("--beam", type=int, default=0, help="default: the model's setting")
     p.add_argument("--one-part", action="store_true", help="encode each group as one batch")
     args = p.parse_args()
+    keep_freed_memory()  # malloc as aiayn's commands set it, for every side measured here
     torch.set_num_threads(args.threads)
     corpus_path = args.corpus or args.model.parent / "data" / "test.en"
     corpus = [s for s in corpus_path.read_text(encoding="utf-8").splitlines() if s.strip()]

@@ -45,6 +45,7 @@ import torch
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig, ModelConfig
 from aiayn.nn.model import Transformer
+from aiayn.runtime.memory import keep_freed_memory
 from aiayn.search.decode import beam_search, greedy_search
 
 
@@ -120,6 +121,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs of each first")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = default)")
     args = parser.parse_args()
+    keep_freed_memory()  # malloc as aiayn's commands set it, for every side measured here
     device = device_info.require_device(args.device)
     size_name = args.size or ("paper_base" if device.type == "cuda" else "small")
     size = SIZES[size_name]

@@ -63,12 +63,16 @@ def cpu_isa() -> dict[str, object]:
 
 
 def allocator() -> str:
-    """glibc malloc, unless a jemalloc/tcmalloc library is preloaded (LD_PRELOAD)."""
+    """glibc malloc, unless a jemalloc/tcmalloc library is preloaded (LD_PRELOAD); whether it
+    keeps freed memory, as aiayn's commands make it (`aiayn.runtime.memory`)."""
+    from aiayn.runtime.memory import kept
+
     preload = os.environ.get("LD_PRELOAD", "")
     for name in ("jemalloc", "tcmalloc", "mimalloc"):
         if name in preload:
             return f"{name} ({preload})"
-    return "glibc malloc" + (f" (LD_PRELOAD={preload})" if preload else "")
+    glibc = "glibc malloc, freed memory kept" if kept() else "glibc malloc"
+    return glibc + (f" (LD_PRELOAD={preload})" if preload else "")
 
 
 def require_device(device: str) -> torch.device:

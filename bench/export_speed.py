@@ -42,6 +42,7 @@ from aiayn.interop.engines import load_translator
 from aiayn.interop.export_ct2 import export_ctranslate2
 from aiayn.interop.export_onnx import export_onnx
 from aiayn.nn.model import Transformer
+from aiayn.runtime.memory import keep_freed_memory
 from aiayn.store.model_dir import load_model_dir
 from aiayn.text.batches import pad_rows
 from aiayn.text.tokenizer import Tokenizer
@@ -181,6 +182,7 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2", help="comma list (default 1,2)")
     parser.add_argument("--no-hf", action="store_true", help="leave out HF generate()")
     args = parser.parse_args()
+    keep_freed_memory()  # malloc as aiayn's commands set it, for every side measured here
     work = args.work or Path(tempfile.mkdtemp(prefix="aiayn_export_speed_"))
     work.mkdir(parents=True, exist_ok=True)
     set_threads(1)

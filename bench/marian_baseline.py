@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from multi30k_epoch import cpu_name  # one CPU-name probe for the bench scripts
 
 from aiayn.runtime.device import Precision, choose_precision
+from aiayn.runtime.memory import keep_freed_memory
 from aiayn.text.batches import Example, batch_plan, collate, encode_pairs
 from aiayn.text.corpus import read_parallel
 from aiayn.text.tokenizer import Tokenizer
@@ -159,6 +160,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
+    keep_freed_memory()  # malloc as aiayn's commands set it, for every side measured here
     if (args.test2_src is None) != (args.test2_tgt is None):
         p.error("--test2-src and --test2-tgt go together")
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from aiayn.config import load_config
+from aiayn.runtime.memory import keep_freed_memory
 from aiayn.training.train import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,6 +57,7 @@ def main() -> None:
         help="extra config overrides, e.g. train.max_tokens=2048",
     )
     args = p.parse_args()
+    keep_freed_memory()  # malloc as aiayn's commands set it, for every side measured here
     if not (DATA / "train.de").is_file():
         raise SystemExit(f"Multi30k not found at {DATA}; this benchmark needs it")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")

@@ -32,6 +32,7 @@ from pathlib import Path
 import sacrebleu
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
+from aiayn.runtime.memory import keep_freed_memory
 from aiayn.translate.translator import Translator
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
@@ -63,6 +64,7 @@ def main() -> None:
         help="a model trained on tok/: tok/ sources, outputs scored as they are",
     )
     args = p.parse_args()
+    keep_freed_memory()  # malloc as aiayn's commands set it, for every side measured here
     if not args.data.is_dir():
         sys.exit(f"multi30k_eval: Multi30k not found at {args.data}")
     translator = Translator.load(args.model)

@@ -35,6 +35,7 @@ import httpx
 import torch
 from serve_load import add_cpu_flags, cpu_name, launch, own_connections, percentiles, turn_flags
 
+from aiayn.runtime.memory import keep_freed_memory
 from aiayn.search.rows import RowSearch
 from aiayn.search.step import inference
 from aiayn.translate.translator import Translator
@@ -140,6 +141,7 @@ def main() -> None:
                    "(auto: a GPU if there is one)")  # fmt: skip
     add_cpu_flags(p)
     args = p.parse_args()
+    keep_freed_memory()  # malloc as aiayn's commands set it, for every side measured here
     if args.client_cpus:
         os.sched_setaffinity(0, args.client_cpus)
     corpus_path = args.corpus or args.model.parent / "data" / "test.en"

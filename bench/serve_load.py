@@ -285,7 +285,10 @@ def main() -> None:
         os.sched_setaffinity(0, args.server_cpus)
     from aiayn.interop.engines import load_translator
     from aiayn.interop.export_dir import is_export_dir
+    from aiayn.runtime.memory import keep_freed_memory
     from aiayn.translate.translator import Translator
+
+    keep_freed_memory()  # the malloc settings the served side runs with (`aiayn serve`)
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from aiayn.config import PAD_ID, ModelConfig
 from aiayn.nn.model import Transformer, count_parameters, sinusoidal_positions
+from aiayn.runtime.memory import keep_freed_memory
 from aiayn.text.batches import Batch, Example, batch_plan, collate
 from aiayn.training.loss import label_smoothed_loss
 
@@ -224,6 +225,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compile", action="store_true", help="torch.compile both models")
     args = p.parse_args()
+    keep_freed_memory()  # malloc as aiayn's commands set it, for every side measured here
     device = device_info.require_device(args.device)
     on_gpu = device.type == "cuda"
     size_name = args.size or ("paper_base" if on_gpu else "small")

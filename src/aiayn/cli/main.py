@@ -34,6 +34,7 @@ from aiayn.cli.train_cmd import (
 )
 from aiayn.cli.translate_cmd import add_evaluate, add_translate, run_evaluate, run_translate
 from aiayn.errors import AiaynError
+from aiayn.runtime.memory import keep_freed_memory
 
 COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable[..., int]]] = {
     "explain": (add_explain, run_explain),
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    keep_freed_memory()  # batches and steps reuse freed pages (AIAYN_MALLOC=default: not)
     try:
         return COMMANDS[args.command][1](args)
     except AiaynError as e:
