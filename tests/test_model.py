@@ -566,3 +566,40 @@ def test_linear_fast_path_matches_and_sees_weight_updates():
             lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias), **TOL
         )
     assert lin(x).requires_grad  # with autograd on, the ordinary differentiable path
+
+
+@pytest.mark.parametrize("shape", [(16, 24), (128, 384), (256, 1024)])
+@pytest.mark.parametrize("activation", ["none", "relu", "swish"])
+def test_linear_gives_a_row_the_same_bits_in_any_batch(shape, activation):
+    """Inference: a row's product does not depend on how many rows share the call, on
+    whichever path this machine takes (prepacked oneDNN, or `F.linear` padded to 4 rows where
+    that is faster and checked invariant), so a served sentence gets `translate`'s bits."""
+    from aiayn.nn.attention import Linear
+
+    torch.manual_seed(5)
+    lin = Linear(*shape)
+    x = torch.randn(70, shape[0])
+    with torch.no_grad():
+        every = lin(x, activation=activation)
+        for start, n in [(0, 1), (3, 1), (1, 2), (4, 3), (2, 4), (9, 5), (20, 33), (0, 70)]:
+            got = lin(x[start : start + n], activation=activation)
+            assert torch.equal(got, every[start : start + n]), (start, n)
+        half = (shape[1] // 2, shape[1])  # a block of output rows, as W^K W^V of in_proj
+        every_half = lin(x, rows=half, activation=activation)
+        for start, n in [(5, 1), (0, 3), (6, 9)]:
+            got = lin(x[start : start + n], rows=half, activation=activation)
+            assert torch.equal(got, every_half[start : start + n]), ("rows", start, n)
+
+
+def test_padded_linear_is_linear():
+    from aiayn.nn.attention import PLAIN_MIN_ROWS, padded_linear
+
+    torch.manual_seed(6)
+    w, b = torch.randn(12, 8), torch.randn(12)
+    for rows in range(1, PLAIN_MIN_ROWS + 2):
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(padded_linear(x, w, b), torch.nn.functional.linear(x, w, b))
+    x_BTD = torch.randn(1, 2, 8)  # 2 rows in a 3-D input: padded, shape kept
+    out = padded_linear(x_BTD, w, None)
+    assert out.shape == (1, 2, 12)
+    torch.testing.assert_close(out, torch.nn.functional.linear(x_BTD, w))
