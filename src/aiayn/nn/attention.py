@@ -35,8 +35,9 @@ from aiayn.nn.tracing import is_tracing, tap
 # is faster for weights under ~2^20 elements (1-7x at 1-32 rows); MKL gives a row other bits
 # in calls of 1, 2-3 and 4 or more rows, but the same bits at every count from 4 up. So there
 # small weights take `F.linear` with a call's rows padded to at least `PLAIN_MIN_ROWS`, once
-# `plain_rows_invariant` has seen that hold for the weight's shape on this machine
-# (docs/benchmarks.md, "Small weights through `F.linear` on AVX2").
+# `plain_rows_invariant` has seen that hold for the weight's shape and the thread count on
+# this machine (one thread: yes; two: no) (docs/benchmarks.md, "Small weights through
+# `F.linear` on AVX2").
 _ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(
     torch.ops.mkldnn, "_linear_pointwise"
 )
@@ -44,11 +45,19 @@ PLAIN_MAX_WEIGHTS = 1 << 20  # elements: smaller weights may take `F.linear` on 
 PLAIN_MIN_ROWS = 4  # rows a plain call is padded to
 
 
-@functools.cache
 def plain_rows_invariant(in_features: int, out_features: int) -> bool:
     """Whether `F.linear` gives every row the same bits at any row count >= PLAIN_MIN_ROWS and
-    at any place in the call, for a weight of this shape on this machine's BLAS: checked on
-    random rows against one call of 260, at 8 counts and offsets (a few ms, once per shape)."""
+    at any place in the call, for a weight of this shape on this machine's BLAS with the
+    current number of torch threads: checked on random rows against one call of 260, at 8
+    counts and offsets (a few ms, once per shape and thread count). With 2 threads MKL splits a
+    call's rows between them, a thread may get fewer than 4, and the check fails (measured on
+    a Zen 3)."""
+    return _rows_invariant(in_features, out_features, torch.get_num_threads())
+
+
+@functools.cache
+def _rows_invariant(in_features: int, out_features: int, threads: int) -> bool:
+    """`plain_rows_invariant`, run with `threads` (the current count: the cache's key)."""
     g = torch.Generator().manual_seed(0)
     w = torch.randn(out_features, in_features, generator=g)
     b = torch.randn(out_features, generator=g)
