@@ -6,10 +6,11 @@ serves blocks above its mmap threshold (128 KiB, raised as large blocks are free
 32 MiB) with fresh pages from the kernel and hands them back on `free`, and it trims the top
 of its heap whenever more than twice that is free. Either way the next block of that size
 starts on untouched pages, and the first write to each costs a page fault (the kernel
-zeroes it): measured on an AMD EPYC Zen 3, 136-185 thousand faults in one `aiayn translate`
-pass over 1,000 sentences of the quick start model with beam 4 (docs/benchmarks.md,
-"Freed memory kept for reuse"). jemalloc and tcmalloc keep freed pages by design; the same
-from glibc takes two settings, which `keep_freed_memory` makes through `mallopt`.
+zeroes it): measured on an AMD EPYC Zen 3, one beam-4 pass over the quick start model's
+1,000 test sentences took 136-188 thousand faults, 61-73 thousand with this module's
+setting, and ~20% less CPU (docs/benchmarks.md, "Freed memory kept for reuse"). jemalloc
+and tcmalloc keep freed pages by design; the same from glibc takes two settings, which
+`keep_freed_memory` makes through `mallopt`.
 
 The price: the process keeps the memory of its largest moment until it exits instead of
 returning it between batches. aiayn's commands call it as they start (`AIAYN_MALLOC=default`
