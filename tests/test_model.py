@@ -612,3 +612,33 @@ def test_padded_linear_is_linear():
     out = padded_linear(x_BTD, w, None)
     assert out.shape == (1, 2, 12)
     torch.testing.assert_close(out, torch.nn.functional.linear(x_BTD, w))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "swish"])
+def test_encoding_skips_padding_with_the_same_bits(norm_first, activation, torch_threads):
+    """Inference on a CPU encodes a padded batch through `Encoder.forward_packed` (every
+    position-wise product on the real positions only): each real position gets the bits of the
+    padded forward, and padding gets zeros; the glass box traces the padded forward."""
+    cfg = ModelConfig(vocab_size=300, d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.0,
+                      max_len=64, norm_first=norm_first, activation=activation)  # fmt: skip
+    torch.manual_seed(11)
+    model = Transformer(cfg).eval()
+    lengths = [1, 9, 3, 17, 17, 5, 2, 12, 4]
+    src = torch.full((len(lengths), max(lengths)), cfg.pad_id)
+    for b, n in enumerate(lengths):
+        src[b, :n] = torch.randint(4, cfg.vocab_size, (n,))
+    keep_BS = src != cfg.pad_id
+    with torch.no_grad():
+        assert model._skips_padding(keep_BS)
+        packed = model.encode(src).out_BSD
+        padded = model.encoder(model.src_embed(src), keep_BS[:, None, None, :])
+        with tracing():
+            traced = model.encode(src).out_BSD
+        assert not model._skips_padding(keep_BS[:1, :1])  # no padding: the padded path
+    assert torch.equal(packed[keep_BS], padded[keep_BS])
+    assert not packed[~keep_BS].any()
+    # traced: the paper's explicit attention over the padded layout (other bits than the fused
+    # kernel's), padding included
+    torch.testing.assert_close(traced, padded, **TOL)
+    assert model.encode(src).out_BSD.requires_grad  # training: the padded path, with autograd

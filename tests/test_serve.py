@@ -659,6 +659,7 @@ def test_the_encoder_parts_slack_is_measured_on_this_machine(translator):
     assert slack_of(1.04e-3, 4, 3.56e-3, 256) == 100
     assert slack_of(1e-3, 4, 0.5e-3, 256) == 4096  # no measurable cost per position: one part
     assert slack_of(0.04e-3, 4, 2.56e-3, 256) == 0  # no fixed cost: a part per length
+    assert slack_of(1.04e-3, 4, 3.56e-3, 256, padded_s=2e-6) == 500  # padding costs less
     assert 0 <= part_slack(translator, reps=2) <= 4096
     short = Translator(  # a positional table shorter than the timed batches
         Transformer(dataclasses.replace(translator.model.cfg, max_len=3)), translator.tokenizer

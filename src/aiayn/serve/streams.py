@@ -46,23 +46,29 @@ log = logging.getLogger(__name__)
 # differs between CPUs. Measured on one thread, the best slack for the quick start model was
 # ~64 positions on an AMD EPYC Zen 4 and one part on a Zen 3 (AVX2); for d_model 256, ~16 on
 # the Zen 4 and anywhere in 16-63 on the Zen 3 (docs/benchmarks.md, "Admission parts measured
-# at start"). So the server measures the ratio on its own machine when it starts. On a GPU a
-# pass of this size is launch-bound, and more parts only cost launches: one part (not
-# measured there).
+# at start"). So the server measures the ratio on its own machine when it starts. Since the
+# encoder skips padding in its products on a CPU (`Encoder.forward_packed`), a padded position
+# costs only its share of attention and cross K/V, so groups of short sentences go in one part
+# and only long ones mixed with short ones are cut. On a GPU a pass of this size is
+# launch-bound, and more parts only cost launches: one part (not measured there).
 
 
 def part_slack(translator: Translator, reps: int = 5) -> int:
     """How many padded positions an encoder part may carry before another part pays: the fixed
-    cost of an admission pass (encoder + cross K/V) over its cost per position, from the
-    fastest of `reps` passes over a 1 x 4 and an 8 x 32 batch (~0.1-0.5 s on a CPU for the
-    models of this project). Parts change no result, only the time they take."""
+    cost of an admission pass (encoder + cross K/V) over what a padded position costs, from the
+    fastest of `reps` passes over a 1 x 4 and an 8 x 32 batch (the fixed cost), and an 8 x 32
+    batch half padding against 8 x 16 (a padded position: on a CPU the encoder skips padding
+    in its products, `Encoder.forward_packed`, so only attention and cross K/V pay for it).
+    ~0.1-0.6 s on a CPU for the models of this project. Parts change no result, only the time
+    they take."""
     if translator.device.type != "cpu":
         return sys.maxsize
     model, device = translator.model, translator.device
     token = next(i for i in range(model.cfg.vocab_size) if i != model.cfg.pad_id)
 
-    def seconds(rows: int, positions: int) -> float:
+    def seconds(rows: int, positions: int, real: int | None = None) -> float:
         src = torch.full((rows, positions), token, dtype=torch.long, device=device)
+        src[:, positions if real is None else real :] = model.cfg.pad_id
         best = float("inf")
         for _ in range(reps):
             t0 = time.perf_counter()
@@ -71,17 +77,31 @@ def part_slack(translator: Translator, reps: int = 5) -> int:
         return best
 
     short, long = min(4, model.cfg.max_len), min(32, model.cfg.max_len)  # max_len >= 2
+    half = long // 2
     with inference(model), translator.precision.autocast():
         seconds(1, short)  # warm: the first pass pays one-time costs (weights prepacked, pages)
-        return slack_of(seconds(1, short), short, seconds(8, long), 8 * long)
+        padding_s = seconds(8, long, real=half) - seconds(8, half)
+        return slack_of(
+            seconds(1, short), short, seconds(8, long), 8 * long, padding_s / (8 * (long - half))
+        )
 
 
-def slack_of(small_s: float, small: int, large_s: float, large: int, most: int = 4096) -> int:
-    """Positions that cost what a pass's fixed cost does, from two passes' times: `small_s`
-    over `small` positions and `large_s` over `large` (a line through both), within 0..most."""
+def slack_of(
+    small_s: float,
+    small: int,
+    large_s: float,
+    large: int,
+    padded_s: float | None = None,
+    most: int = 4096,
+) -> int:
+    """Padded positions that cost what a pass's fixed cost does, within 0..most: the fixed
+    cost from two passes' times (`small_s` over `small` positions and `large_s` over `large`: a
+    line through both), over `padded_s`, a padded position's cost (default: a position's, the
+    line's slope)."""
     per_position = max(large_s - small_s, 1e-12) / (large - small)
     fixed = max(small_s - small * per_position, 0.0)
-    return min(round(fixed / per_position), most)
+    per_padded = per_position if padded_s is None else max(padded_s, 1e-12)
+    return min(round(fixed / per_padded), most)
 
 
 @dataclass(eq=False)  # identity: a request waits in a dict
