@@ -238,8 +238,11 @@ def test_onnx_logits_within_1e_4_of_aiayns(trained: dict[str, Path], onnx_export
     src_BS = pad_rows(tok_batch(trained[OTHER], [s for s, _ in TEST[:7]]), model.cfg.pad_id)
     with torch.inference_mode():
         ours, theirs = model.encode(src_BS), graphs.encode(src_BS)
-        torch.testing.assert_close(theirs.out_BSD, ours.out_BSD, rtol=0, atol=1e-4)
         assert torch.equal(theirs.keep_BS, ours.keep_BS)
+        # at the real positions: padding is masked wherever memory is read (aiayn's CPU
+        # encoder leaves zeros there, Encoder.forward_packed; the graph, the padded forward's)
+        keep = ours.keep_BS
+        torch.testing.assert_close(theirs.out_BSD[keep], ours.out_BSD[keep], rtol=0, atol=1e-4)
         cache_a, cache_b = model.init_cache(ours, 12), graphs.init_cache(theirs, 12)
         tokens_B1 = src_BS.new_full((7, 1), model.cfg.bos_id)
         for _ in range(12):  # feeding aiayn's argmax: both see the same prefixes
