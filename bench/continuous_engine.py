@@ -15,26 +15,38 @@ The same sentences two ways, in one process, CPU time (`time.process_time`), the
 Both give the same translations (checked). Their ratio is the engine's share of the served /
 in-process gap; `bench/serve_load.py` measures the rest (HTTP, JSON, clients). The continuous
 side's time is split into admitting (encoder, cross K/V, cache join) and stepping.
+
+`--clients C` models `bench/serve_load.py --concurrency C` instead (the regime of 8 or 32
+clients, where the rows are not kept full): `--requests` requests of 1-`--most` sentences
+(`serve_load.make_requests`, same seed), C of them in flight, each client's next request handed
+to the server's own scheduler (`serve.streams.Streams`, as its model worker drives it, without
+the worker thread and HTTP) as soon as its last is answered; the whole file is the same
+sentences in one call. Its admitting / stepping split comes from timers around
+`RowSearch.add` and `RowSearch.step` (greedy only).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import date
 from pathlib import Path
 
 import torch
-from serve_load import cpu_name
+from serve_load import cpu_name, make_requests
 
 from aiayn.config import DecodeConfig
 from aiayn.runtime.memory import keep_freed_memory
 from aiayn.search.beam import BeamSearch
 from aiayn.search.rows import RowSearch
 from aiayn.search.step import inference
-from aiayn.serve.streams import part_slack
+from aiayn.serve.jobs import Job
+from aiayn.serve.streams import Streams, part_slack
 from aiayn.text.batches import padding_parts
 from aiayn.translate.translator import Translator
 
@@ -69,6 +81,89 @@ def continuous(
     return out, admitting, stepping, admissions
 
 
+@contextmanager
+def timed(owner: type, name: str, spent: list[float]) -> Iterator[None]:
+    """Add the CPU time of every call of `owner.name` to spent[0] while the block runs."""
+    method: Callable = getattr(owner, name)
+
+    def wrapper(*args: object, **kwargs: object) -> object:
+        t0 = time.process_time()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            spent[0] += time.process_time() - t0
+
+    setattr(owner, name, wrapper)
+    try:
+        yield
+    finally:
+        setattr(owner, name, method)
+
+
+def closed_loop(
+    tr: Translator, requests: list[list[str]], clients: int, rows: int, cfg: DecodeConfig
+) -> tuple[list[list[str]], float, float, float]:
+    """`clients` requests in `Streams` at a time, the next taken as one is answered: (texts by
+    request, seconds in all, admitting, stepping)."""
+    streams = Streams(tr, rows, lambda stats: None)
+    streams.calibrate()
+    answers: list[list[str]] = [[] for _ in requests]
+    todo = iter(enumerate(requests))
+
+    def send() -> tuple[int, Job] | None:
+        nxt = next(todo, None)
+        if nxt is None:
+            return None
+        job = Job(nxt[1], cfg, deadline=math.inf)
+        streams.take(job, cfg)
+        return nxt[0], job
+
+    admitting, stepping = [0.0], [0.0]
+    with timed(RowSearch, "add", admitting), timed(RowSearch, "step", stepping):
+        t0 = time.process_time()
+        flying = [f for f in (send() for _ in range(clients)) if f is not None]
+        while flying:
+            streams.step()
+            waiting = []
+            for i, job in flying:
+                if not job.future.done():
+                    waiting.append((i, job))
+                    continue
+                answers[i] = [t[0].text for t in job.future.result()]
+                if (nxt := send()) is not None:
+                    waiting.append(nxt)
+            flying = waiting
+        seconds = time.process_time() - t0
+    return answers, seconds, admitting[0], stepping[0]
+
+
+def main_clients(args: argparse.Namespace, tr: Translator, corpus: list[str]) -> None:
+    cfg = tr.settings(beam=args.beam) if args.beam else tr.cfg
+    requests = make_requests(corpus, args.requests, args.most, args.seed)
+    lines = [line for r in requests for line in r]
+    tr.translate_hyps(lines[:64], cfg)  # warm up
+    whole_s = cont_s = float("inf")
+    for _ in range(args.reps):
+        t0 = time.process_time()
+        whole = tr.translate_hyps(lines, cfg)
+        whole_s = min(whole_s, time.process_time() - t0)
+        got, seconds, admitting, stepping = closed_loop(tr, requests, args.clients, args.rows, cfg)
+        if seconds < cont_s:
+            cont_s, split = seconds, (admitting, stepping)
+    served = [text for texts in got for text in texts]
+    differ = sum(a != b[0].text for a, b in zip(served, whole, strict=True))
+    print(json.dumps({
+        "cpu": cpu_name(), "date": str(date.today()), "model": str(args.model),
+        "threads": args.threads, "clients": args.clients, "requests": len(requests),
+        "sentences": len(lines), "rows": args.rows, "beam": cfg.beam_size,
+        "whole_file_sentences_per_cpu_s": round(len(lines) / whole_s, 1),
+        "continuous_sentences_per_cpu_s": round(len(lines) / cont_s, 1),
+        "continuous_over_whole_file": round(whole_s / cont_s, 3),
+        "continuous_admitting_s": round(split[0], 3), "continuous_stepping_s": round(split[1], 3),
+        "whole_file_s": round(whole_s, 3), "translations_differing": differ,
+    }, indent=1))  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, default=Path("quickstart/model"))
@@ -79,11 +174,19 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--beam", type=int, default=0, help="default: the model's setting")
     p.add_argument("--one-part", action="store_true", help="encode each group as one batch")
+    p.add_argument("--clients", type=int, default=0, help="a closed loop of this many clients")
+    p.add_argument("--requests", type=int, default=1000, help="with --clients")
+    p.add_argument("--most", type=int, default=8, help="with --clients: most sentences a request")
+    p.add_argument("--seed", type=int, default=0, help="with --clients")
     args = p.parse_args()
     keep_freed_memory()  # malloc as aiayn's commands set it, for every side measured here
     torch.set_num_threads(args.threads)
     corpus_path = args.corpus or args.model.parent / "data" / "test.en"
     corpus = [s for s in corpus_path.read_text(encoding="utf-8").splitlines() if s.strip()]
+    if args.clients:
+        if args.one_part:
+            p.error("--one-part: the closed loop uses the server's own parts")
+        return main_clients(args, Translator.load(args.model, device="cpu"), corpus)
     lines = [corpus[i % len(corpus)] for i in range(args.sentences)]
     tr = Translator.load(args.model, device="cpu")
     _, ids = tr.encode_lines(lines)

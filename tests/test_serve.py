@@ -672,3 +672,33 @@ def test_the_encoder_parts_slack_is_measured_on_this_machine(translator):
         assert batcher._streams.slack is not None  # measured as the worker started
     finally:
         batcher.close()
+
+
+def test_the_closed_loop_bench_answers_what_translate_does(translator, one_thread, monkeypatch):
+    """bench/continuous_engine.py --clients: the server's scheduler (`Streams`) fed by clients
+    that send their next request as their last is answered gives every request the lines that
+    `translate` gives, and restores the methods it timed."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from aiayn.search.rows import RowSearch
+
+    bench_dir = Path(__file__).resolve().parent.parent / "bench"
+    monkeypatch.syspath_prepend(str(bench_dir))
+    spec = importlib.util.spec_from_file_location(
+        "continuous_engine", bench_dir / "continuous_engine.py"
+    )
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "continuous_engine", bench)
+    spec.loader.exec_module(bench)
+    corpus = ["one two three", "four", "five six", "seven eight nine ten", "two", "three one"]
+    requests = bench.make_requests(corpus, 12, 4, seed=1)
+    add, step = RowSearch.add, RowSearch.step
+    got, seconds, admitting, stepping = bench.closed_loop(
+        translator, requests, clients=3, rows=8, cfg=translator.cfg
+    )
+    assert got == [translator.translate(r) for r in requests]
+    assert admitting > 0 and stepping > 0 and admitting + stepping <= seconds
+    assert (RowSearch.add, RowSearch.step) == (add, step)
