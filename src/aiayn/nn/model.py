@@ -5,6 +5,7 @@ The encoder-only and decoder-only models built from the same blocks are in `aiay
 Dimension key (shape suffixes on tensor names):
     B batch   S source / key length   T target / query length   D d_model   H heads
     K d_k = d_model / h               F d_ff                    V vocabulary   L layers
+    N the real (unpadded) positions of a batch, flattened
 
 Mask convention, everywhere in aiayn: a bool tensor where True = "may attend" (as in
 `F.scaled_dot_product_attention`). Masks are built here from `pad_id`, nowhere else.
