@@ -68,7 +68,8 @@ def part_slack(translator: Translator, reps: int = 5) -> int:
 
     def seconds(rows: int, positions: int, real: int | None = None) -> float:
         src = torch.full((rows, positions), token, dtype=torch.long, device=device)
-        src[:, positions if real is None else real :] = model.cfg.pad_id
+        if real is not None:  # the rest of each row is padding
+            src[:, real:] = model.cfg.pad_id
         best = float("inf")
         for _ in range(reps):
             t0 = time.perf_counter()
