@@ -188,6 +188,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     corpus_path = args.corpus or args.model.parent / "data" / "test.en"
     corpus = [s for s in corpus_path.read_text(encoding="utf-8").splitlines() if s.strip()]
+    if args.clients < 0 or args.requests < 1 or args.most < 1:
+        p.error("--clients takes 0 or more, --requests and --most 1 or more")
     if args.clients:
         if args.one_part:
             p.error("--one-part: the closed loop uses the server's own parts")
