@@ -19,7 +19,8 @@ in-process sentences/s of `Translator.translate_hyps` on all the sentences at on
 server has stopped, so the two never share the CPU; the fastest of `--reps` runs), their ratio,
 the in-process figure at the batch the load offers (the sentences of the requests in flight, at
 most `--chunk-rows`, in arrival order), how many served translations differ from the in-process
-ones, and the server's merged batch sizes (/metrics). Throughput is also given per CPU second
+ones, the server's merged batch sizes and its garbage-collector pauses during the load
+(/metrics). Throughput is also given per CPU second
 (the server process's user + system time over the load, against the in-process call's), which
 other jobs on a shared machine disturb far less than wall time.
 
@@ -196,8 +197,22 @@ async def load(url: str, requests: list[list[str]], concurrency: int, sigterm_at
 
 
 def metric(text: str, name: str) -> float | None:
-    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    """A sample's value in Prometheus text (`name` with its labels, if any)."""
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
     return float(m.group(1)) if m else None
+
+
+def gc_pauses(before: str, after: str) -> dict:
+    """The server's garbage-collector pauses between two scrapes of /metrics: the full
+    (generation 2) collections, their seconds, and the longest pause of any generation since
+    the server started (aiayn.runtime.gc_pauses)."""
+    full = 'aiayn_gc_pause_seconds_{}{{generation="2"}}'
+    count = (metric(after, full.format("count")) or 0) - (metric(before, full.format("count")) or 0)
+    total = (metric(after, full.format("sum")) or 0) - (metric(before, full.format("sum")) or 0)
+    longest = [metric(after, f'aiayn_gc_pause_max_seconds{{generation="{g}"}}') for g in range(3)]
+    return {"full_collections": int(count), "full_collection_s": round(total, 4),
+            "longest_pause_s": round(max((x or 0.0) for x in longest), 4),
+            "frozen_objects": int(metric(after, "aiayn_gc_frozen_objects") or 0)}  # fmt: skip
 
 
 def main() -> None:
@@ -246,6 +261,7 @@ def main() -> None:
     proc, url = start_server(args)
     settings = {"beam": args.beam} if args.beam else {}
     httpx.post(url + "/v1/translate", json={"q": corpus[:8], **settings}, timeout=120)  # warm up
+    metrics_before = httpx.get(url + "/metrics", timeout=30).text
     cpu0 = cpu_seconds(proc.pid)
     run = asyncio.run(load(url, requests, args.concurrency, args.sigterm_at, proc, settings))
     server_cpu = cpu_seconds(proc.pid) - cpu0 if proc.poll() is None else None
@@ -369,6 +385,7 @@ def main() -> None:
                                                    / batches, 1)  # fmt: skip
         report["mean_requests_per_batch"] = round(metric(m, "aiayn_batch_requests_sum")
                                                   / batches, 1)  # fmt: skip
+        report["server_gc"] = gc_pauses(metrics_before, m)
     if args.sigterm_at:
         got_answer = sum(1 for r in results if r and isinstance(r["status"], int))
         n_accepted = int(accepted.group(2)) if accepted else None

@@ -194,6 +194,29 @@ def test_metrics_count_requests_sentences_and_batches(client):
     assert "aiayn_request_seconds_bucket" in text and "aiayn_batch_sentences_bucket" in text
 
 
+def test_metrics_show_the_garbage_collector_s_pauses(client):
+    def sample(text, name):
+        return float(re.search(rf"^{re.escape(name)} (\S+)$", text, re.M).group(1))
+
+    client.post("/v1/translate", json={"q": ["two", "eleven", "ninety"]})
+    text = client.get("/metrics").text
+    for g in range(3):
+        count = sample(text, f'aiayn_gc_pause_seconds_count{{generation="{g}"}}')
+        buckets = [
+            float(v)
+            for v in re.findall(
+                rf'^aiayn_gc_pause_seconds_bucket\{{generation="{g}",le="[^"]+"\}} (\S+)$',
+                text,
+                re.M,
+            )
+        ]
+        assert len(buckets) == 11 and buckets == sorted(buckets) and buckets[-1] == count
+    assert sample(text, 'aiayn_gc_pause_seconds_count{generation="0"}') > 0  # timed as they ran
+    assert sample(text, 'aiayn_gc_pause_max_seconds{generation="0"}') > 0
+    # `aiayn serve` froze what it had loaded (torch, the model, FastAPI) out of full collections
+    assert sample(text, "aiayn_gc_frozen_objects") > 50_000
+
+
 # --- bad requests: always 4xx JSON with one "error" -----------------------------------------------
 
 LONG = "seven " * 40  # 240 characters: over the server's 200 per sentence

@@ -10,16 +10,20 @@ handler, model or parser runs. `aiayn.serve.app` owns the server they guard (`Gu
 from __future__ import annotations
 
 import contextlib
+import gc
+import itertools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Protocol
 from urllib.parse import parse_qs
 
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from aiayn.runtime.gc_pauses import BUCKETS, GENERATIONS, GcPauses, gc_pauses
 from aiayn.serve.jobs import BatchStats
 from aiayn.serve.requests import ApiError
 
@@ -88,6 +92,7 @@ class Metrics:
         Gauge("aiayn_queued_jobs", "jobs waiting for the model", registry=r).set_function(
             batcher_queue
         )
+        r.register(GcMetrics(gc_pauses()))
 
     def batch(self, s: BatchStats) -> None:
         self.sentences.inc(s.sentences)
@@ -96,6 +101,37 @@ class Metrics:
         self.batch_sentences.observe(s.sentences)
         self.batch_requests.observe(s.requests)
         self.batch_seconds.observe(s.seconds)
+
+
+class GcMetrics:
+    """The garbage collector's pauses (aiayn.runtime.gc_pauses) as Prometheus families, built
+    at each scrape from the counts the collector's callback keeps."""
+
+    def __init__(self, pauses: GcPauses) -> None:
+        self.pauses = pauses
+
+    def collect(self) -> Iterator[Metric]:
+        p = self.pauses
+        hist = HistogramMetricFamily(
+            "aiayn_gc_pause_seconds",
+            "time the garbage collector stopped the server, by generation (2: a full collection)",
+            labels=["generation"],
+        )
+        longest = GaugeMetricFamily("aiayn_gc_pause_max_seconds",
+                                    "the longest collection so far, by generation",
+                                    labels=["generation"])  # fmt: skip
+        for g in range(GENERATIONS):
+            buckets = list(zip((*map(str, BUCKETS), "+Inf"), itertools.accumulate(p.counts[g]),
+                               strict=True))  # fmt: skip
+            hist.add_metric([str(g)], buckets, p.sums[g])
+            longest.add_metric([str(g)], p.longest[g])
+        yield hist
+        yield longest
+        yield GaugeMetricFamily("aiayn_gc_frozen_objects",
+                                "objects frozen out of garbage collection as the server started",
+                                gc.get_freeze_count())  # fmt: skip
+
+    describe = collect  # the registry reads the names from it
 
 
 class Accounting:

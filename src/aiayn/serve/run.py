@@ -11,9 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from aiayn.errors import AiaynError
+from aiayn.runtime.gc_pauses import freeze_startup
 from aiayn.serve.app import create_app
 from aiayn.serve.server import ServeOptions
 from aiayn.translate.translator import Translator
+
+log = logging.getLogger(__name__)
 
 
 def load_any(model_dir: Path, device: str, dtype: str, threads: int) -> Translator:
@@ -79,6 +82,9 @@ def serve(model_dir: Path, opts: ServeOptions, *, device: str = "auto", dtype: s
     if opts.access_log:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     server = uvicorn.Server(config)
+    # What is loaded by now lives as long as the process: frozen, it is not traversed by the
+    # full collections that would otherwise stop every request for ~150 ms (gc_pauses).
+    log.info("froze %d objects out of garbage collection", freeze_startup())
     where = f"[{host}]" if ":" in host else host
     announce(f"aiayn serve: {model_dir} ({translator.device}) on http://{where}:{port}/")
     # uvicorn re-raises the SIGTERM it handled once it has drained; a handler that does

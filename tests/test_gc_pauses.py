@@ -1,0 +1,50 @@
+"""aiayn.runtime.gc_pauses: every collection timed into the right bucket, and what the process
+holds frozen out of full collections (`aiayn serve` does it once loaded)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+import aiayn.runtime.gc_pauses as gp
+
+
+def test_pauses_land_in_their_bucket_by_generation():
+    readings = iter([10.0, 10.03, 20.0, 20.0005, 30.0, 32.0])
+    p = gp.GcPauses(clock=lambda: next(readings))
+    for g in (1, 0, 2):
+        p("start", {"generation": g})
+        p("stop", {"generation": g, "collected": 0, "uncollectable": 0})
+    le = dict(zip(gp.BUCKETS, range(len(gp.BUCKETS)), strict=True))
+    assert p.counts[1][le[0.05]] == 1 and sum(p.counts[1]) == 1  # 30 ms: the 50 ms bucket
+    assert p.counts[0][le[0.001]] == 1 and sum(p.counts[0]) == 1  # 0.5 ms: the first
+    assert p.counts[2][-1] == 1 and sum(p.counts[2]) == 1  # 2 s: over the largest bound
+    assert p.sums == pytest.approx([0.0005, 0.03, 2.0])
+    assert p.longest == pytest.approx([0.0005, 0.03, 2.0])
+
+
+def test_every_collection_is_timed_but_the_freeze_s_own():
+    pauses = gp.gc_pauses()
+    assert gp.gc_pauses() is pauses and gc.callbacks.count(pauses) == 1  # installed once
+    full = sum(pauses.counts[2])
+    gc.collect()
+    assert sum(pauses.counts[2]) == full + 1 and pauses.longest[2] > 0
+    tracked = len(gc.get_objects())
+    try:
+        frozen = gp.freeze_startup()
+        assert frozen == gc.get_freeze_count() > 0.9 * tracked  # what the process held
+        assert len(gc.get_objects()) < 0.1 * tracked  # a full collection skips them now
+        # The freeze's own collection is not a pause a request waits on: not counted.
+        assert sum(pauses.counts[2]) == full + 1
+        assert pauses in gc.callbacks
+    finally:
+        gc.unfreeze()
+
+
+def test_aiayn_gc_default_leaves_the_collector_alone(monkeypatch):
+    monkeypatch.setenv("AIAYN_GC", "default")
+    try:
+        assert gp.freeze_startup() == 0 and gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
