@@ -1,16 +1,23 @@
-"""The garbage collector's pauses: the objects a server holds for life frozen out of full
-collections, and every pause measured for `/metrics`.
+"""The garbage collector's pauses: what a command holds for life frozen out of collections,
+and every pause measured for `/metrics`.
 
 CPython's cyclic collector stops the process while it runs (it holds the GIL). A full
-(generation 2) collection traverses every container object the process keeps: torch,
-FastAPI and pydantic, the model's modules, ~210 thousand objects in `aiayn serve` with the
-quick start model. Under `bench/serve_load.py` (32 clients, AMD EPYC Zen 3) the server ran
-two of them in 20 s, 130-175 ms each: every request in flight waited, and so did the model
-worker at its next Python line. Those objects live as long as the process, so once the
-server has loaded, `freeze_startup` moves them to the collector's permanent generation
-(`gc.freeze`: never traversed again; a frozen object is still freed when its last reference
-goes) and a full collection then takes ~3 ms (docs/benchmarks.md, "Garbage-collector
-pauses"). `AIAYN_GC=default` in the environment leaves the collector as it is.
+(generation 2) collection walks every container object the process keeps: torch, the model's
+modules, FastAPI and pydantic in a server, ~170 thousand objects once `aiayn.cli.main` is
+imported (~0.16 s a walk on an AMD EPYC Zen 3) and ~210 thousand in `aiayn serve`. Those
+objects live as long as the process, so they are frozen into the collector's permanent
+generation (`gc.freeze`: never walked again; a frozen object is still freed when its last
+reference goes):
+
+- the `aiayn` command freezes what its imports created before it runs (`aiayn.__main__.run`):
+  the collections the interpreter runs as it exits took ~0.6 s of a one-line
+  `aiayn translate`;
+- `aiayn serve` freezes again once the model and the app are loaded: under
+  `bench/serve_load.py` (32 clients) its full collections took 157-210 ms each, about every 10
+  s, while every request in flight waited; frozen, ~5 ms.
+
+docs/benchmarks.md, "Garbage-collector pauses", has the measurements. `AIAYN_GC=default` in
+the environment leaves the collector as it is. As a library, aiayn freezes nothing.
 
 `GcPauses` times every collection, by generation (the server's `/metrics` shows them:
 aiayn.serve.guard).
@@ -65,17 +72,20 @@ def gc_pauses() -> GcPauses:
     return _pauses
 
 
-def freeze_startup() -> int:
-    """Collect once, then freeze every object the process holds (module comment). Returns how
-    many objects are frozen (0 with `AIAYN_GC=default`: nothing done). That collection is not
-    a pause anyone waits on (nothing is served yet), so `GcPauses` does not count it."""
+def freeze_startup(collect: bool = True) -> int:
+    """Freeze every object the process holds (module comment), after one collection if
+    `collect` (skip it where there is no garbage to find: right after the imports there was
+    none, and a collection there walks them all once more). Returns how many objects are
+    frozen (0 with `AIAYN_GC=default`: nothing done). That collection is not a pause anyone
+    waits on (nothing is served yet), so `GcPauses` does not count it."""
     if os.environ.get("AIAYN_GC", "") == "default":
         return 0
     timer = _pauses if _pauses in gc.callbacks else None
     if timer is not None:
         gc.callbacks.remove(timer)
     try:
-        gc.collect()
+        if collect:
+            gc.collect()
         gc.freeze()
     finally:
         if timer is not None:
