@@ -600,6 +600,41 @@ def test_linear_gives_a_row_the_same_bits_in_any_batch(shape, activation, torch_
             assert torch.equal(got, every_half[start : start + n]), ("rows", start, n)
 
 
+def test_linear_remembers_its_path_and_sees_new_weights(torch_threads):
+    """Inference calls after a layer's first skip the checks that chose its path (where a small
+    weight takes `padded_linear`): the same bits as a fresh layer's first call, and every change
+    of the weights seen: in place, new storage, a new state dict, another thread count, another
+    dtype."""
+    from aiayn.nn.attention import Linear
+
+    torch.manual_seed(8)
+    lin = Linear(128, 384)
+    x = torch.randn(3, 128)
+
+    def fresh_first_call(rows=None, activation="none"):
+        other = Linear(128, 384)
+        other.load_state_dict(lin.state_dict())
+        return other(x, rows=rows, activation=activation)
+
+    with torch.no_grad():
+        for rows, activation in [(None, "none"), ((0, 128), "none"), ((128, 384), "relu")]:
+            first = lin(x, rows=rows, activation=activation)
+            assert torch.equal(lin(x, rows=rows, activation=activation), first)
+            assert torch.equal(first, fresh_first_call(rows, activation))
+        lin.weight.add_(0.25)  # in place, as an optimizer step
+        assert torch.equal(lin(x, rows=(0, 128)), fresh_first_call((0, 128)))
+        lin.weight.data = torch.randn(384, 128)  # new storage
+        assert torch.equal(lin(x), fresh_first_call())
+        lin.load_state_dict({k: torch.randn_like(v) for k, v in lin.state_dict().items()})
+        assert torch.equal(lin(x), fresh_first_call())
+        torch.set_num_threads(3 - torch_threads)  # 1 <-> 2: the path may differ
+        assert torch.equal(lin(x), fresh_first_call())
+        torch.set_num_threads(torch_threads)
+        lin.double()
+        assert torch.equal(lin(x.double()), torch.nn.functional.linear(x.double(), lin.weight,
+                                                                        lin.bias))  # fmt: skip
+
+
 def test_padded_linear_is_linear():
     from aiayn.nn.attention import PLAIN_MIN_ROWS, padded_linear
 

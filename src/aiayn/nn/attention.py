@@ -110,10 +110,21 @@ class Linear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias)
         self._packed: dict[tuple[int, int], tuple[tuple[int, int], Tensor]] = {}
+        # (rows, activation, torch threads) -> (the weight's storage, its rows, their bias) for
+        # calls that take `padded_linear`: the checks that choose that path, made once. They
+        # cost ~20% of a one-row decoding step of the quick start model (docs/benchmarks.md,
+        # "A linear layer's checks made once"). The views follow in-place updates (optimizer
+        # steps, `load_state_dict`); new storage (`.to()`, `.data =`) makes a plan stale.
+        self._plain_plans: dict[tuple[tuple[int, int] | None, str, int],
+                                tuple[int, Tensor, Tensor | None]] = {}  # fmt: skip
 
     def forward(
         self, x: Tensor, rows: tuple[int, int] | None = None, *, activation: Activation = "none"
     ) -> Tensor:
+        if not torch.is_grad_enabled() and x.is_cpu and x.dtype is torch.float32:
+            plan = self._plain_plans.get((rows, activation, torch.get_num_threads()))
+            if plan is not None and plan[0] == self.weight.data_ptr():
+                return ACTIVATIONS[activation](padded_linear(x, plan[1], plan[2]))
         start, end = rows if rows is not None else (0, self.out_features)
         weight = self.weight if rows is None else self.weight[start:end]
         bias = None if self.bias is None else self.bias[start:end]
@@ -128,6 +139,9 @@ class Linear(nn.Linear):
             # (its length mod 2 vectors) by a scalar path with other bits, so a row's bits would
             # depend on where the call ends; ReLU is exact anywhere.
             if activation != "swish" and self._plain(start, end):
+                self._plain_plans[(rows, activation, torch.get_num_threads())] = (
+                    self.weight.data_ptr(), weight.detach(), None if bias is None else bias.detach()
+                )  # fmt: skip
                 return ACTIVATIONS[activation](padded_linear(x, weight, bias))
             packed = self._packed_weight(start, end, weight)
             return torch.ops.mkldnn._linear_pointwise(x, packed, bias, activation, [], "")
