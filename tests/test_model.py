@@ -600,13 +600,17 @@ def test_linear_gives_a_row_the_same_bits_in_any_batch(shape, activation, torch_
             assert torch.equal(got, every_half[start : start + n]), ("rows", start, n)
 
 
-def test_linear_remembers_its_path_and_sees_new_weights(torch_threads):
-    """Inference calls after a layer's first skip the checks that chose its path (where a small
-    weight takes `padded_linear`): the same bits as a fresh layer's first call, and every change
-    of the weights seen: in place, new storage, a new state dict, another thread count, another
-    dtype."""
+@pytest.mark.parametrize("plain", [True, False], ids=["padded_linear", "prepacked"])
+def test_linear_remembers_its_path_and_sees_new_weights(plain, torch_threads, monkeypatch):
+    """Inference calls after a layer's first skip the checks that chose its path (`F.linear`
+    padded to 4 rows, or the prepacked oneDNN product, whichever this machine would take for
+    small weights, forced here): the same bits as a fresh layer's first call, and every change
+    of the weights seen: in place, new storage of the weight or the bias, a new state dict,
+    another thread count, another dtype."""
+    import aiayn.nn.attention
     from aiayn.nn.attention import Linear
 
+    monkeypatch.setattr(aiayn.nn.attention, "_PLAIN_PREFERRED", plain)
     torch.manual_seed(8)
     lin = Linear(128, 384)
     x = torch.randn(3, 128)
@@ -625,6 +629,9 @@ def test_linear_remembers_its_path_and_sees_new_weights(torch_threads):
         assert torch.equal(lin(x, rows=(0, 128)), fresh_first_call((0, 128)))
         lin.weight.data = torch.randn(384, 128)  # new storage
         assert torch.equal(lin(x), fresh_first_call())
+        lin(x, rows=(128, 384))  # a plan for these rows, then new storage of the bias alone
+        lin.bias.data = torch.randn(384)
+        assert torch.equal(lin(x, rows=(128, 384)), fresh_first_call((128, 384)))
         lin.load_state_dict({k: torch.randn_like(v) for k, v in lin.state_dict().items()})
         assert torch.equal(lin(x), fresh_first_call())
         torch.set_num_threads(3 - torch_threads)  # 1 <-> 2: the path may differ

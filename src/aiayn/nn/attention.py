@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -95,6 +95,15 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
+class _Plan(NamedTuple):
+    """The path an inference call of a `Linear` took, kept for the calls after it."""
+
+    stamp: tuple[int, int, int]  # `Linear._stamp` when it was made
+    packed: bool  # the prepacked oneDNN product (else `padded_linear`)
+    weight: Tensor  # the weight's rows (a view), or their packed copy
+    bias: Tensor | None  # the bias's (a view)
+
+
 class Linear(nn.Linear):
     """`nn.Linear` (same parameters, same state dict) with two extras for inference:
 
@@ -110,21 +119,22 @@ class Linear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias)
         self._packed: dict[tuple[int, int], tuple[tuple[int, int], Tensor]] = {}
-        # (rows, activation, torch threads) -> (the weight's storage, its rows, their bias) for
-        # calls that take `padded_linear`: the checks that choose that path, made once. They
-        # cost ~20% of a one-row decoding step of the quick start model (docs/benchmarks.md,
-        # "A linear layer's checks made once"). The views follow in-place updates (optimizer
-        # steps, `load_state_dict`); new storage (`.to()`, `.data =`) makes a plan stale.
-        self._plain_plans: dict[tuple[tuple[int, int] | None, str, int],
-                                tuple[int, Tensor, Tensor | None]] = {}  # fmt: skip
+        # (rows, activation, torch threads) -> the path an inference call took and what it
+        # needs (`_Plan`), so that later calls skip the checks that chose it: they cost ~20% of
+        # a one-row decoding step of the quick start model (docs/benchmarks.md, "A linear
+        # layer's checks made once").
+        self._plans: dict[tuple[tuple[int, int] | None, str, int], _Plan] = {}
 
     def forward(
         self, x: Tensor, rows: tuple[int, int] | None = None, *, activation: Activation = "none"
     ) -> Tensor:
         if not torch.is_grad_enabled() and x.is_cpu and x.dtype is torch.float32:
-            plan = self._plain_plans.get((rows, activation, torch.get_num_threads()))
-            if plan is not None and plan[0] == self.weight.data_ptr():
-                return ACTIVATIONS[activation](padded_linear(x, plan[1], plan[2]))
+            plan = self._plans.get((rows, activation, torch.get_num_threads()))
+            if plan is not None and plan.stamp == self._stamp(plan.packed):
+                if plan.packed:
+                    return torch.ops.mkldnn._linear_pointwise(x, plan.weight, plan.bias,
+                                                              activation, [], "")  # fmt: skip
+                return ACTIVATIONS[activation](padded_linear(x, plan.weight, plan.bias))
         start, end = rows if rows is not None else (0, self.out_features)
         weight = self.weight if rows is None else self.weight[start:end]
         bias = None if self.bias is None else self.bias[start:end]
@@ -138,14 +148,22 @@ class Linear(nn.Linear):
             # Swish stays fused in oneDNN: torch's own SiLU computes a call's last few elements
             # (its length mod 2 vectors) by a scalar path with other bits, so a row's bits would
             # depend on where the call ends; ReLU is exact anywhere.
+            key = (rows, activation, torch.get_num_threads())
+            kept_bias = None if bias is None else bias.detach()
             if activation != "swish" and self._plain(start, end):
-                self._plain_plans[(rows, activation, torch.get_num_threads())] = (
-                    self.weight.data_ptr(), weight.detach(), None if bias is None else bias.detach()
-                )  # fmt: skip
+                self._plans[key] = _Plan(self._stamp(False), False, weight.detach(), kept_bias)
                 return ACTIVATIONS[activation](padded_linear(x, weight, bias))
             packed = self._packed_weight(start, end, weight)
+            self._plans[key] = _Plan(self._stamp(True), True, packed, kept_bias)
             return torch.ops.mkldnn._linear_pointwise(x, packed, bias, activation, [], "")
         return ACTIVATIONS[activation](F.linear(x, weight, bias))
+
+    def _stamp(self, packed: bool) -> tuple[int, int, int]:
+        """What a plan's tensors depend on: the weight's and the bias's storage (new storage
+        from `.to()` or `.data =` makes a plan stale; views see in-place updates, optimizer
+        steps and `load_state_dict` alike) and, for a packed copy of the weight, its version."""
+        w, b = self.weight, self.bias
+        return (w.data_ptr(), 0 if b is None else b.data_ptr(), w._version if packed else -1)
 
     def _plain(self, start: int, end: int) -> bool:
         """Whether rows start:end of the weight take `padded_linear` (module comment above): a
