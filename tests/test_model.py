@@ -642,6 +642,31 @@ def test_linear_remembers_its_path_and_sees_new_weights(plain, torch_threads, mo
                                                                         lin.bias))  # fmt: skip
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_residual_dropout_in_training_only(norm_first, monkeypatch):
+    """§5.4: dropout on the embeddings' sums and on every sub-layer's output before the
+    residual add, while training; none at all in eval mode (not even a call)."""
+    cfg = dataclasses.replace(layer_cfg(norm_first), dropout=0.5)
+    model = Transformer(cfg)
+    src, tgt = torch.randint(4, 11, (2, 5)), torch.randint(4, 11, (2, 4))
+    calls = []
+    dropout = torch.nn.functional.dropout
+
+    def counted(x, *args, **kwargs):
+        calls.append(x.shape)
+        return dropout(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "dropout", counted)
+    model.train()
+    first, second = model(src, tgt), model(src, tgt)
+    assert not torch.equal(first, second)
+    # per pass: 2 embeddings, 2 sub-layers per encoder layer, 3 per decoder layer
+    assert len(calls) == 2 * (2 + 2 * cfg.n_layers + 3 * cfg.n_layers)
+    calls.clear()
+    model.eval()
+    assert torch.equal(model(src, tgt), model(src, tgt)) and calls == []
+
+
 def test_padded_linear_is_linear():
     from aiayn.nn.attention import PLAIN_MIN_ROWS, padded_linear
 
