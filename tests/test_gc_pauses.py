@@ -29,15 +29,15 @@ def test_every_collection_is_timed_but_the_freeze_s_own():
     assert gp.gc_pauses() is pauses and gc.callbacks.count(pauses) == 1  # installed once
     full = sum(pauses.counts[2])
     gc.collect()
-    assert sum(pauses.counts[2]) == full + 1 and pauses.longest[2] > 0
+    assert sum(pauses.counts[2]) >= full + 1 and pauses.longest[2] > 0
     tracked = len(gc.get_objects())
     try:
+        full = sum(pauses.counts[2])
         frozen = gp.freeze_startup()
+        # The freeze's own collection is not a pause a request waits on: not counted.
+        assert sum(pauses.counts[2]) == full and pauses in gc.callbacks
         assert frozen == gc.get_freeze_count() > 0.9 * tracked  # what the process held
         assert len(gc.get_objects()) < 0.1 * tracked  # a full collection skips them now
-        # The freeze's own collection is not a pause a request waits on: not counted.
-        assert sum(pauses.counts[2]) == full + 1
-        assert pauses in gc.callbacks
     finally:
         gc.unfreeze()
 

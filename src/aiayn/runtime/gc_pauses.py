@@ -17,7 +17,8 @@ reference goes):
   s, while every request in flight waited; frozen, ~5 ms.
 
 docs/benchmarks.md, "Garbage-collector pauses", has the measurements. `AIAYN_GC=default` in
-the environment leaves the collector as it is. As a library, aiayn freezes nothing.
+the environment leaves the collector as it is. As a library, aiayn freezes nothing (but
+`aiayn.serve.run.serve`, which serves for the rest of the process).
 
 `GcPauses` times every collection, by generation (the server's `/metrics` shows them:
 aiayn.serve.guard).
