@@ -55,7 +55,8 @@ class GcPauses:
         if phase == "start":
             self._started = self.clock()
             return
-        seconds, g = self.clock() - self._started, info["generation"]
+        # (a later CPython may number its generations otherwise: the oldest bucket takes them)
+        seconds, g = self.clock() - self._started, min(info["generation"], GENERATIONS - 1)
         self.counts[g][bisect.bisect_left(BUCKETS, seconds)] += 1  # the first bound >= it
         self.sums[g] += seconds
         self.longest[g] = max(self.longest[g], seconds)
