@@ -36,7 +36,8 @@ def test_every_collection_is_timed_but_the_freeze_s_own():
         frozen = gp.freeze_startup()
         # The freeze's own collection is not a pause a request waits on: not counted.
         assert sum(pauses.counts[2]) == full and pauses in gc.callbacks
-        assert frozen == gc.get_freeze_count() > 0.9 * tracked  # what the process held
+        # what the process held (the count falls as frozen temporaries are freed: no equality)
+        assert frozen > 0.9 * tracked and gc.get_freeze_count() > 0.9 * tracked
         assert len(gc.get_objects()) < 0.1 * tracked  # a full collection skips them now
     finally:
         gc.unfreeze()
