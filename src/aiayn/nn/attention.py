@@ -118,7 +118,7 @@ class Linear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias)
-        self._packed: dict[tuple[int, int], tuple[tuple[int, int], Tensor]] = {}
+        self._packed: dict[tuple[int, int], tuple[tuple[int, int, int], Tensor]] = {}
         # (rows, activation, torch threads) -> the path an inference call took and what it
         # needs (`_Plan`), so that later calls skip the checks that chose it: they cost ~20% of
         # a one-row decoding step of the quick start model (docs/benchmarks.md, "A linear
@@ -177,7 +177,7 @@ class Linear(nn.Linear):
         )
 
     def _packed_weight(self, start: int, end: int, weight: Tensor) -> Tensor:
-        stamp = (self.weight._version, self.weight.data_ptr())
+        stamp = self._stamp(True)
         cached = self._packed.get((start, end))
         if cached is None or cached[0] != stamp:
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 32)
