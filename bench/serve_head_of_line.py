@@ -17,6 +17,13 @@ short sentence takes alone, and sharing every step with `--clients` x 8 long sen
 batch the load keeps full), one greedy search (`RowSearch`), same threads. Their ratio is
 what continuous batching cannot go under when it keeps the long requests' batch full: each
 step costs what the whole batch costs, before any HTTP, queueing or encoder work.
+
+And (`engine`) the same load through the server's own scheduler in-process: the model worker's
+`Streams`, driven as the worker drives it, with `--clients` 8-sentence requests of long lines
+resubmitted as they are answered and `--singles` one-sentence requests one after another, idle
+then loaded; no HTTP, no event loop, no threads. Its ratio is what the scheduler gives before
+HTTP: the long requests' admissions (their encoder passes) share every iteration a short
+request waits through, which `model_floor` leaves out.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import os
 import time
 from datetime import date
@@ -38,6 +46,8 @@ from serve_load import add_cpu_flags, cpu_name, launch, own_connections, percent
 from aiayn.runtime.memory import keep_freed_memory
 from aiayn.search.rows import RowSearch
 from aiayn.search.step import inference
+from aiayn.serve.jobs import Job
+from aiayn.serve.streams import Streams
 from aiayn.translate.translator import Translator
 
 
@@ -115,6 +125,56 @@ def model_floor(model: Path, short: list[str], long: list[str], args: argparse.N
             "alone_s": round(a, 5), "shared_s": round(b, 5), "ratio": round(b / a, 2)}  # fmt: skip
 
 
+def engine(model: Path, short: list[str], long: list[str], args: argparse.Namespace) -> dict:
+    """The singles' latency (wall seconds) idle and under the long requests' load, through the
+    model worker's scheduler (`Streams`, `--chunk-rows`' first value as its rows) in-process."""
+    torch.set_num_threads(args.threads)
+    translator = Translator.load(model, device=args.device)
+    cfg = translator.cfg
+    streams = Streams(translator, args.chunk_rows[0], lambda stats: None)
+    streams.calibrate()
+    taken = 0
+
+    def job(lines: list[str]) -> Job:
+        j = Job(lines, cfg, deadline=math.inf)
+        streams.take(j, cfg)
+        return j
+
+    def long_job() -> Job:
+        nonlocal taken
+        taken += 8
+        return job([long[(taken - 8 + j) % len(long)] for j in range(8)])
+
+    def singles(n: int, hogs: list[Job]) -> tuple[list[float], int]:
+        """Seconds each of n singles took, and the long sentences answered meanwhile."""
+        seconds, answered = [], 0
+        for i in range(n):
+            t0 = time.perf_counter()
+            single = job([short[i % len(short)]])
+            while not single.future.done():
+                streams.step()
+                for k, hog in enumerate(hogs):
+                    if hog.future.done():
+                        answered += 8
+                        hogs[k] = long_job()
+            seconds.append(time.perf_counter() - t0)
+        return seconds, answered
+
+    singles(5, [])  # warm up
+    idle, _ = singles(args.singles, [])
+    hogs = [long_job() for _ in range(args.clients)]
+    for _ in range(30):  # the long requests in flight, as the served run's 1 s of load
+        streams.step()
+    t0 = time.perf_counter()
+    loaded, answered = singles(args.singles, hogs)
+    wall = time.perf_counter() - t0
+    p90 = (sorted(idle)[int(0.9 * len(idle))], sorted(loaded)[int(0.9 * len(loaded))])
+    return {"singles_idle_s": percentiles(idle), "singles_under_load_s": percentiles(loaded),
+            "p90_idle_s": round(p90[0], 4), "p90_under_load_s": round(p90[1], 4),
+            "p90_ratio": round(p90[1] / p90[0], 2),
+            "long_sentences_per_s": round(answered / wall, 1)}  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, required=True)
@@ -165,11 +225,12 @@ def main() -> None:
     if args.server_cpus:  # the in-process floor where the server ran
         os.sched_setaffinity(0, args.server_cpus)
     floor = model_floor(args.model, short, long, args)
+    replay = engine(args.model, short, long, args) if "continuous" in args.batching else None
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     print(json.dumps({"cpu": cpu_name(), "gpu": gpu, "device": args.device,
                       "date": str(date.today()), "model": str(args.model),
                       "clients": args.clients, "threads": args.threads, "runs": runs,
-                      "model_floor": floor}, indent=1))  # fmt: skip
+                      "model_floor": floor, "engine": replay}, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":
