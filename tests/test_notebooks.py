@@ -7,6 +7,7 @@ print say so, and that every inline view is self-contained (no script, nothing f
 Notebook 6 trains a tiny model into $AIAYN_NOTEBOOK_DIR for notebooks 7 and 8.
 """
 
+import asyncio
 import os
 import re
 from pathlib import Path
@@ -60,22 +61,37 @@ def outputs_text(nb) -> str:
     return "\n".join(parts)
 
 
-def test_tutorial_notebooks_run_in_order(tmp_path, monkeypatch):
-    names = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
-    assert names == sorted(EXPECTED)  # every notebook is checked, in the seeds' order
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("AIAYN_NOTEBOOK_DIR", str(tmp_path))
-    # One torch thread in the kernel: on a 2-core machine whose other core is busy, two OpenMP
-    # threads wait on each other at every operation (the training cell took over 120 s so).
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+async def run_chain(names: list[str]) -> None:
+    """Run `names` one after another, each in a fresh kernel, and check what each printed."""
     for name in names:
         nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
         where = {"metadata": {"path": str(NOTEBOOKS)}}  # the kernel's working directory
         client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources=where)
-        client.execute()  # raises CellExecutionError, naming the cell, if any cell fails
+        await client.async_execute()  # raises CellExecutionError, naming the cell, if one fails
         text = outputs_text(nb)
         for want in EXPECTED[name]:
             assert want in text, f"{name}: {want!r} not in its outputs"
         for page in re.findall(r"<div class=\"aiayn-nb\">.*?</div>\s*$", text, flags=re.S | re.M):
             assert "<script" not in page and "src=" not in page, name
+
+
+def test_tutorial_notebooks_run_in_order(tmp_path, monkeypatch):
+    names = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
+    assert names == sorted(EXPECTED)  # every notebook is checked, in the seeds' order
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("AIAYN_NOTEBOOK_DIR", str(tmp_path))
+    # One torch thread in each kernel: on a 2-core machine whose other core is busy, two OpenMP
+    # threads wait on each other at every operation (the training cell took over 120 s so).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # Two kernels at a time: notebooks 01-05 stand alone, while 06 trains the model that 07 and
+    # 08 read (in that order). One after another they took ~100 s on 2 cores, so ~60 s.
+    trains = names.index("06_train_the_quick_start")
+
+    async def both() -> list[BaseException | None]:
+        chains = (run_chain(names[:trains]), run_chain(names[trains:]))
+        return await asyncio.gather(*chains, return_exceptions=True)  # each chain to its end
+
+    for failed in asyncio.run(both()):
+        if failed is not None:
+            raise failed
     assert (tmp_path / "model" / "model.safetensors").exists()
