@@ -22,7 +22,9 @@ most `--chunk-rows`, in arrival order), how many served translations differ from
 ones, the server's merged batch sizes and its garbage-collector pauses during the load
 (/metrics). Throughput is also given per CPU second
 (the server process's user + system time over the load, against the in-process call's), which
-other jobs on a shared machine disturb far less than wall time.
+other jobs on a shared machine disturb far less than wall time, and that CPU time split
+(`server_threads`, Linux): the main thread, which runs uvicorn's event loop (HTTP, JSON,
+validation), against the others (the model worker, chiefly).
 
 `--overhead` then sends the same requests again with every sentence empty (answered without
 the model): the server's CPU per request apart from the model, and from it the highest
@@ -130,6 +132,27 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (Linux /proc), all its threads."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """User + system CPU time of each live thread of a process so far, by thread id (Linux)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def thread_split(pid: int, before: dict[int, float]) -> dict[str, float]:
+    """CPU seconds since `before` of the server's main thread (uvicorn's event loop: HTTP,
+    JSON, validation) and of its other threads (the model worker, chiefly)."""
+    now = thread_cpu_seconds(pid)
+    spent = {tid: s - before.get(tid, 0.0) for tid, s in now.items()}
+    main, others = spent.get(pid, 0.0), sum(s for tid, s in spent.items() if tid != pid)
+    share = round(main / (main + others), 3) if main + others else 0.0
+    return {"event_loop_cpu_s": round(main, 2), "other_threads_cpu_s": round(others, 2),
+            "event_loop_share": share}  # fmt: skip
 
 
 def percentiles(xs: list[float]) -> dict[str, float | None]:
@@ -262,9 +285,10 @@ def main() -> None:
     settings = {"beam": args.beam} if args.beam else {}
     httpx.post(url + "/v1/translate", json={"q": corpus[:8], **settings}, timeout=120)  # warm up
     metrics_before = httpx.get(url + "/metrics", timeout=30).text
-    cpu0 = cpu_seconds(proc.pid)
+    cpu0, threads0 = cpu_seconds(proc.pid), thread_cpu_seconds(proc.pid)
     run = asyncio.run(load(url, requests, args.concurrency, args.sigterm_at, proc, settings))
     server_cpu = cpu_seconds(proc.pid) - cpu0 if proc.poll() is None else None
+    threads = thread_split(proc.pid, threads0) if server_cpu is not None else None
     overhead = None
     if args.overhead and server_cpu is not None and not args.sigterm_at:
         # The same requests with every sentence empty: an empty line is answered without the
@@ -377,6 +401,7 @@ def main() -> None:
         if server_cpu else None,
         "translations_differing_from_in_process": differ,
         "overhead": overhead,
+        "server_threads": threads,
         "server_exit_code": exit_code,
     }  # fmt: skip
     if m:
