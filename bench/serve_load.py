@@ -130,7 +130,12 @@ def launch(
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (Linux /proc), all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
+
+
+def stat_cpu_seconds(stat: Path) -> float:
+    """User + system CPU seconds in a /proc stat file (a process's or one thread's)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -139,8 +144,7 @@ def thread_cpu_seconds(pid: int) -> dict[int, float]:
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            out[int(task.name)] = stat_cpu_seconds(task / "stat")
     return out
 
 
