@@ -99,11 +99,11 @@ def head_of_line(idle: list[float], loaded: list[float], long_per_s: float) -> d
             "long_sentences_per_s": round(long_per_s, 1)}  # fmt: skip
 
 
-def model_floor(model: Path, short: list[str], long: list[str], args: argparse.Namespace) -> dict:
+def model_floor(
+    translator: Translator, short: list[str], long: list[str], args: argparse.Namespace
+) -> dict:
     """Median seconds for short sentences to finish alone, and in one batch with the
     clients x 8 long ones (added at the same step), over `--singles` short sentences."""
-    torch.set_num_threads(args.threads)
-    translator = Translator.load(model, device=args.device)
     _, long_ids = translator.encode_lines([long[i % len(long)] for i in range(8 * args.clients)])
 
     def finish_s(line: str, others: list[list[int]]) -> tuple[float, int]:
@@ -130,11 +130,11 @@ def model_floor(model: Path, short: list[str], long: list[str], args: argparse.N
             "alone_s": round(a, 5), "shared_s": round(b, 5), "ratio": round(b / a, 2)}  # fmt: skip
 
 
-def engine(model: Path, short: list[str], long: list[str], args: argparse.Namespace) -> dict:
+def engine(
+    translator: Translator, short: list[str], long: list[str], args: argparse.Namespace
+) -> dict:
     """The singles' latency (wall seconds) idle and under the long requests' load, through the
     model worker's scheduler (`Streams`, `--chunk-rows`' first value as its rows) in-process."""
-    torch.set_num_threads(args.threads)
-    translator = Translator.load(model, device=args.device)
     cfg = translator.cfg
     streams = Streams(translator, args.chunk_rows[0], lambda stats: None)
     streams.calibrate()
@@ -224,8 +224,10 @@ def main() -> None:
             proc.wait(60)
     if args.server_cpus:  # the in-process floor where the server ran
         os.sched_setaffinity(0, args.server_cpus)
-    floor = model_floor(args.model, short, long, args)
-    replay = engine(args.model, short, long, args) if "continuous" in args.batching else None
+    torch.set_num_threads(args.threads)
+    translator = Translator.load(args.model, device=args.device)  # for both in-process figures
+    floor = model_floor(translator, short, long, args)
+    replay = engine(translator, short, long, args) if "continuous" in args.batching else None
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     print(json.dumps({"cpu": cpu_name(), "gpu": gpu, "device": args.device,
                       "date": str(date.today()), "model": str(args.model),
