@@ -12,12 +12,15 @@
 #
 #   bash bench/multi30k_published_batch.sh [DATA] [OUT]    # MINUTES=5.5 DEVICE=cuda by default
 #   EXTRA="--set train.compile=true" bash bench/multi30k_published_batch.sh   # options for all
+#   PYTHON=python3 bash bench/multi30k_published_batch.sh   # where `python` is not the one with torch
+# MINUTES counts a run's whole training time, resumes included (`aiayn train` saves it in its
+# checkpoints): to go on with runs that stopped at their minutes, call again with a larger MINUTES.
 # DATA holds raw/ and tok/ (default ../shared/data/multi30k); OUT gets the runs (runs/b8k).
 # One process's Python host thread is the limit on a GPU (~15-25 updates/s each on an H100),
 # so side by side they use it better than one at a time.
 set -u
 DATA=${1:-../shared/data/multi30k}; OUT=${2:-runs/b8k}
-MINUTES=${MINUTES:-5.5}; DEVICE=${DEVICE:-cuda}
+MINUTES=${MINUTES:-5.5}; DEVICE=${DEVICE:-cuda}; PY=${PYTHON:-python}
 [ -d "$DATA/tok" ] || { echo "multi30k_published_batch: no tok/ under $DATA" >&2; exit 2; }
 mkdir -p "$OUT"
 T=$DATA/tok
@@ -40,16 +43,16 @@ RUNS=${RUNS:-E F H}
 for r in $RUNS; do recipe "$r"; done  # every name checked before a run starts
 for r in $RUNS; do
   recipe "$r"
-  python -m aiayn train "${R[@]}" "${C[@]}" --set "train.out_dir=$OUT/$r" > "$OUT/$r.log" 2>&1 &
+  "$PY" -m aiayn train "${R[@]}" "${C[@]}" --set "train.out_dir=$OUT/$r" > "$OUT/$r.log" 2>&1 &
 done
 wait
 for r in $RUNS; do
   grep -h "^stopped" "$OUT/$r.log" | sed "s/^/$r: /"
-  python -m aiayn average --run "$OUT/$r" --last 10 --out "$OUT/$r/avg10" > /dev/null
+  "$PY" -m aiayn average --run "$OUT/$r" --last 10 --out "$OUT/$r/avg10" > /dev/null
   for m in averaged avg10; do
     [ -d "$OUT/$r/$m" ] || continue
     echo "== $r/$m"
-    python bench/multi30k_eval.py --model "$OUT/$r/$m" --data "$DATA" --src en --tgt de \
+    "$PY" bench/multi30k_eval.py --model "$OUT/$r/$m" --data "$DATA" --src en --tgt de \
         --beams 1,5 --tokenized | grep -v '^{'
   done
 done
