@@ -43,16 +43,20 @@ RUNS=${RUNS:-E F H}
 for r in $RUNS; do recipe "$r"; done  # every name checked before a run starts
 for r in $RUNS; do
   recipe "$r"
-  "$PY" -m aiayn train "${R[@]}" "${C[@]}" --set "train.out_dir=$OUT/$r" > "$OUT/$r.log" 2>&1 &
+  "$PY" -m aiayn train "${R[@]}" "${C[@]}" --set "train.out_dir=$OUT/$r" >> "$OUT/$r.log" 2>&1 &  # a resume appends
 done
 wait
-for r in $RUNS; do
-  grep -h "^stopped" "$OUT/$r.log" | sed "s/^/$r: /"
-  "$PY" -m aiayn average --run "$OUT/$r" --last 10 --out "$OUT/$r/avg10" > /dev/null
+score() {  # run $1: its last 10 checkpoints averaged, then each model scored
+  grep -h "^stopped" "$OUT/$1.log" | tail -1 | sed "s/^/$1: /"
+  rm -rf "$OUT/$1/avg10"  # derived: a resumed run has newer checkpoints
+  "$PY" -m aiayn average --run "$OUT/$1" --last 10 --out "$OUT/$1/avg10" > /dev/null
   for m in averaged avg10; do
-    [ -d "$OUT/$r/$m" ] || continue
-    echo "== $r/$m"
-    "$PY" bench/multi30k_eval.py --model "$OUT/$r/$m" --data "$DATA" --src en --tgt de \
+    [ -d "$OUT/$1/$m" ] || continue
+    echo "== $1/$m"
+    "$PY" bench/multi30k_eval.py --model "$OUT/$1/$m" --data "$DATA" --src en --tgt de \
         --beams 1,5 --tokenized | grep -v '^{'
   done
-done
+}
+for r in $RUNS; do score "$r" > "$OUT/$r.scores" 2>&1 & done  # side by side, as they trained
+wait
+for r in $RUNS; do cat "$OUT/$r.scores"; done
