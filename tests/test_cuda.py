@@ -1,5 +1,5 @@
 """On a CUDA GPU: the same oracles as on the CPU (nn.Transformer parity, cache == no cache,
-CPU == GPU, exact resume, identical translations) and a torchrun NCCL run.
+CPU == GPU, exact resume, identical translations, served == in-process) and a torchrun NCCL run.
 
 Every test here is marked `cuda` and skips, saying why, where there is no GPU (conftest.py).
 Parity is checked in strict fp32: TF32 off, since TF32 matmuls keep 10 mantissa bits.
@@ -224,6 +224,46 @@ def test_translate_on_the_gpu_prints_the_cpu_lines(corpus, tmp_path):
             )
             lines[device] = hyp.read_text().splitlines()
         assert lines["cuda"] == lines["cpu"]
+
+
+def test_served_on_the_gpu_equals_translate_on_the_gpu(corpus, tmp_path):
+    """`aiayn serve --device cuda`, strict fp32: concurrent greedy and beam requests (rows
+    joining running searches from the model worker's thread) get what the same model's
+    in-process search gives each request alone on the GPU, tokens exactly, scores to 1e-4."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install .[serve])")
+    import httpx
+    from serving import ServerProcess
+
+    from aiayn.translate.translator import Translator
+
+    out = tmp_path / "run"
+    train(tiny(corpus, out, **{"train.max_steps": 200, "train.device": "cuda"}), progress=False)
+    lines = Path(corpus["train.valid_src"]).read_text().splitlines()[:12]
+    requests = [(lines[i % 8 : i % 8 + 1 + i % 4], 1 if i % 3 else 4) for i in range(24)]
+    server = ServerProcess(out, "--device", "cuda", "--dtype", "fp32")
+    try:
+        with httpx.Client(base_url=server.url, timeout=120) as c:
+
+            def send(request):
+                q, beam = request
+                return c.post("/v1/translate", json={"q": q, "beam": beam}).json()
+
+            with ThreadPoolExecutor(12) as pool:
+                answers = list(pool.map(send, requests))
+    finally:
+        status = server.stop()[0]
+    assert status == 0  # SIGTERM: a clean exit
+    translator = Translator.load(out, device="cuda", dtype="fp32")
+    for (q, beam), answer in zip(requests, answers, strict=True):
+        want = translator.translate_hyps(q, translator.settings(beam=beam))
+        got = answer["translations"]
+        assert [t["text"] for t in got] == [w[0].text for w in want], (q, beam)
+        for served, expected in zip(got, want, strict=True):
+            assert [h["tokens"] for h in served["hypotheses"]] == [t.hyp.tokens for t in expected]
+            for h, t in zip(served["hypotheses"], expected, strict=True):
+                assert h["log_prob"] == pytest.approx(t.hyp.log_prob, abs=1e-4)
 
 
 def test_explain_and_attend_run_on_the_gpu(corpus, tmp_path, capsys):
