@@ -82,7 +82,9 @@ def test_a_running_decode_past_its_timeout_frees_the_model(served_model_dir):
         status, seconds = timed_post(s.url, "/v1/translate", worst_request())
         assert status == 503 and seconds < 2.0  # answered at its deadline, not at its end
         status, seconds = timed_post(s.url, "/v1/translate", {"q": "two"})
-        assert status == 200 and seconds < 0.5  # the worker had stopped the abandoned search
+        # The worker had stopped the abandoned search (its whole decode takes many seconds);
+        # 1 s as for a client that left: 0.78 s was seen with another test run beside it.
+        assert status == 200 and seconds < 1.0
     finally:
         s.stop()
 
