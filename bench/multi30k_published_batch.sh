@@ -41,6 +41,10 @@ recipe() {  # R: the options of run $1
 }
 RUNS=${RUNS:-E F H}
 for r in $RUNS; do recipe "$r"; done  # every name checked before a run starts
+# Ctrl-C or a TERM stops the runs too (background jobs of a script ignore Ctrl-C): each saves a
+# checkpoint and exits (`aiayn train` on SIGTERM), and the same command later resumes them.
+stop() { kill -TERM $(jobs -p) 2> /dev/null; wait; exit 130; }
+trap stop INT TERM
 for r in $RUNS; do
   recipe "$r"
   "$PY" -m aiayn train "${R[@]}" "${C[@]}" --set "train.out_dir=$OUT/$r" >> "$OUT/$r.log" 2>&1 &  # a resume appends
