@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import os
 import random
@@ -131,22 +132,26 @@ def tiny(corpus: dict[str, str], out: Path, **over: object):
     return load_config(CONFIGS / "tiny_copy.toml", [f"{k}={v}" for k, v in sets.items()])
 
 
-def test_copy_task_learns_and_writes_a_model_directory(corpus, tmp_path):
+def test_copy_task_learns_and_writes_a_model_directory(corpus, tmp_path, caplog):
     out = tmp_path / "run"
-    result = train(
-        tiny(
-            corpus,
-            out,
-            **{
-                "train.max_steps": 240,
-                "train.valid_every": 80,
-                "train.bleu_samples": 20,
-                "train.best_metric": "bleu",
-            },
-        ),
-        progress=False,
-    )
+    with caplog.at_level(logging.INFO, logger="aiayn.training.train"):
+        result = train(
+            tiny(
+                corpus,
+                out,
+                **{
+                    "train.max_steps": 240,
+                    "train.valid_every": 80,
+                    "train.bleu_samples": 20,
+                    "train.best_metric": "bleu",
+                },
+            ),
+            progress=False,
+        )
     assert result.stopped == "max_steps" and result.step == 240
+    said = [r.getMessage() for r in caplog.records if "tokenizer on" in r.getMessage()]
+    both = f"{corpus['train.src']} and {corpus['train.tgt']}"  # one vocabulary for both sides
+    assert said == [f"training a joint 300-piece bpe tokenizer on {both}"]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train_recs = [r for r in records if "loss" in r]
     valid_recs = [r for r in records if "valid_loss" in r]
@@ -200,7 +205,6 @@ def test_two_files_are_enough_a_validation_set_is_held_out(corpus, tok, tmp_path
 def test_train_runs_the_data_check_and_says_what_it_found(corpus, tok, tmp_path, caplog):
     """The copy corpus is all copies, repeats some pairs, and its validation set is its first
     40 training pairs: the log says so, once per run (not again on resume)."""
-    import logging
 
     from aiayn.text.check import check_corpus
 
@@ -836,7 +840,6 @@ def test_a_run_stopped_inside_the_averaged_span_still_averages(corpus, tok, tmp_
     """max_minutes stops the run at step 58 of a schedule ending at 60 (a machine slower than
     its last re-fit knew): averaged/ is the mean of the planned checkpoints 52 and 56 and the
     stop's own at 58, and the log says which stood in."""
-    import logging
 
     from aiayn.training.run import Run
 
@@ -923,7 +926,6 @@ def test_a_run_slower_than_its_measured_speed_refits_its_end_and_still_averages(
     validation (BLEU over 40 greedy translations) every 25 steps slows the run down. The total
     is re-fitted (the log says so, the plan in train_state.json records it) and the run still
     ends on its schedule, with averaged/."""
-    import logging
 
     out = tmp_path / "run"
     over = {"train.lr_schedule": "cosine_budget", "train.lr": 1e-3, "train.warmup_steps": 1000,

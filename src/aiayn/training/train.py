@@ -70,9 +70,11 @@ def prepare_tokenizer(
                 raise ConfigError("train.src is empty: give a training corpus (two files or a TSV)")
             pairs = read_parallel(tc.src, tc.tgt or None, heldout=heldout)
             texts = (side for pair in pairs for side in pair)
+            both = f"{tc.src} and {tc.tgt}" if tc.tgt else tc.src  # one joint vocabulary
             log.info(
-                "training a %d-piece %s tokenizer on %s", tc.vocab_size, tc.spm_model_type, tc.src
-            )
+                "training a joint %d-piece %s tokenizer on %s", tc.vocab_size, tc.spm_model_type,
+                both,
+            )  # fmt: skip
             tok = Tokenizer.train(texts, tc.vocab_size, tc.spm_model_type)
         out.mkdir(parents=True, exist_ok=True)
         tok.save(out)
