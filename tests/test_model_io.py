@@ -153,3 +153,14 @@ def test_cli_reports_a_bad_model_directory_in_one_line(tmp_path, capsys):
 def test_cli_info_on_a_preset(capsys):
     assert main(["info", "--preset", "paper_base", "--vocab-size", "37000"]) == 0
     assert '"parameters": 63082496' in capsys.readouterr().out
+
+
+def test_cli_info_takes_the_model_directory_as_an_argument(tmp_path, tiny_cfg, capsys):
+    save_model_dir(Transformer(tiny_cfg), tmp_path)
+    outputs = []
+    for argv in (["info", str(tmp_path)], ["info", "--model", str(tmp_path)]):
+        assert main(argv) == 0
+        outputs.append(json.loads(capsys.readouterr().out))
+    assert outputs[0] == outputs[1] and outputs[0]["architecture"] == "Transformer"
+    with pytest.raises(SystemExit):  # one of them, not both
+        main(["info", str(tmp_path), "--preset", "paper_base"])

@@ -12,8 +12,10 @@ from aiayn.errors import AiaynError
 def add_info(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="describe a preset or a model directory (sizes, parameters)")
     g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("model_dir", nargs="?", type=Path, metavar="MODEL",
+                   help="a model directory or export (the same as --model)")  # fmt: skip
     g.add_argument("--preset", help="a ModelConfig preset, e.g. paper_base")
-    g.add_argument("--model", type=Path, help="a model directory")
+    g.add_argument("--model", type=Path, help="a model directory or export")
     p.add_argument("--vocab-size", type=int, default=37000, help="with --preset (default 37000)")
 
 
@@ -23,6 +25,7 @@ def run_info(args: argparse.Namespace) -> int:
     from aiayn.nn.model import Transformer, count_parameters
     from aiayn.store.model_dir import load_model_dir
 
+    args.model = args.model or args.model_dir
     if args.model is not None and is_export_dir(args.model):  # aiayn export wrote it
         meta = read_export_meta(args.model)
         keys = ("engine", "quantization", "architecture", "files", "versions", "source_model")
