@@ -25,6 +25,7 @@ from aiayn.store.checkpoints import list_checkpoints
 from aiayn.store.model_dir import load_model_dir, load_tensors
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.loss import label_smoothed_loss
+from aiayn.training.run import LOG_POINTS, log_interval
 from aiayn.training.schedule import BudgetPlan, cosine_lr, inverse_sqrt_lr, learning_rate, noam_lr
 from aiayn.training.train import train
 
@@ -895,11 +896,12 @@ def test_a_budget_shorter_than_the_warmup_still_decays_to_its_end_and_averages(
 ):
     """6 seconds with warmup_steps = 1000, far more steps than the budget holds: the speed is
     measured from the first steps, the warmup shrinks to 10% of the fitted total, and the run
-    decays to 0 at its end and writes averaged/ from checkpoints planned after the fit."""
+    decays to 0 at its end and writes averaged/ from checkpoints planned after the fit. Its
+    training curve has ~LOG_POINTS records up to its last step, though log_every is 1000."""
     out = tmp_path / "run"
     over = {"train.lr_schedule": "cosine_budget", "train.lr": 1e-3, "train.warmup_steps": 1000,
             "train.max_minutes": 0.1, "train.max_steps": 10**6, "train.valid_every": 1000,
-            "train.save_every": 1000, "train.average_last": 3}  # fmt: skip
+            "train.save_every": 1000, "train.average_last": 3, "train.log_every": 1000}  # fmt: skip
     result = train(tiny(corpus, out, **over), tokenizer=tok, progress=False)
     state = json.loads((list_checkpoints(out)[-1] / "train_state.json").read_text())
     total, fit_step, warmup_end = state["total_steps"], state["fit_step"], state["warmup_end"]
@@ -912,11 +914,21 @@ def test_a_budget_shorter_than_the_warmup_still_decays_to_its_end_and_averages(
     rates = [r["lr"] for r in records if "lr" in r]
     assert max(rates) == pytest.approx(1e-3, rel=0.2)  # the peak is reached ...
     assert rates[-1] < 0.1 * max(rates)  # ... and the rate decays to ~0 at the end
+    logged = [r["step"] for r in records if "loss" in r]
+    assert len(logged) >= LOG_POINTS // 2 and logged[-1] == result.step, logged
     planned = [int(c.name[5:]) for c in list_checkpoints(out)]
     assert len(planned) >= 2 and planned[0] > fit_step
     if result.stopped == "total_steps":
         assert len(planned) == 3 and planned[-1] == total
     load_model_dir(out / "averaged")
+
+
+def test_log_interval_gives_a_short_fitted_run_a_curve():
+    assert log_interval(50, 0) == 50  # no fitted schedule: log_every as set
+    assert log_interval(50, 100_000) == 50  # a long run: log_every as set
+    assert log_interval(50, 540) == 540 // LOG_POINTS  # a 20-minute CPU budget: ~40 records
+    assert log_interval(50, 26) == 1  # a few dozen steps: every step
+    assert log_interval(0, 540) == 0  # no training records asked for: none
 
 
 def test_a_run_slower_than_its_measured_speed_refits_its_end_and_still_averages(

@@ -196,7 +196,7 @@ class TrainConfig:
     deterministic: bool = False  # deterministic kernels: bit-exact resume on a GPU (slower)
     compile: bool = False  # torch.compile
     threads: int = 0  # torch threads; 0 = leave torch's default
-    log_every: int = 50
+    log_every: int = 50  # steps between training records (fewer on a short fitted budget)
 
 
 @dataclass(frozen=True)

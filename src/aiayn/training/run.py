@@ -39,6 +39,19 @@ class TrainResult:
     best: float | None
 
 
+# A run's curve gets at least about this many training records: a budget of a few minutes on
+# a slow machine is a few dozen steps, which `log_every` alone would leave with none or one.
+LOG_POINTS = 40
+
+
+def log_interval(log_every: int, total_steps: int) -> int:
+    """Steps between training records: `log_every` (0: none), or fewer when a fitted schedule
+    of `total_steps` (0: not known) would give fewer than LOG_POINTS records."""
+    if log_every <= 0 or total_steps <= 0:
+        return log_every
+    return max(1, min(log_every, total_steps // LOG_POINTS))
+
+
 class Run:
     """The mutable parts of one training run, so the loop reads top to bottom."""
 
@@ -60,6 +73,7 @@ class Run:
         self.t_start, self.elapsed0 = time.monotonic(), state.elapsed_s
         self.window = self._zeros()  # loss sum, nll sum, tokens since the last log (on device)
         self.window_t = time.monotonic()
+        self.logged_step = state.step  # the step of the last training record
         self.last_loss = float("nan")
         self.last_saved = state.step
         self.last_validated = state.step
@@ -87,8 +101,16 @@ class Run:
             with (self.out / METRICS_FILE).open("a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
 
+    def log_due(self) -> bool:
+        """A training record is due: every `log_every` steps, or more often when a fitted
+        schedule is short (`log_interval`)."""
+        every = log_interval(self.tc.log_every, self.state.total_steps)
+        return every > 0 and self.state.step % every == 0
+
     def log_train(self, lr: float) -> dict[str, float]:
+        """The window's training record (all ranks: a collective), and a new window."""
         loss_sum, nll_sum, n = all_sum(self.window, self.d)
+        self.logged_step = self.state.step
         now = time.monotonic()
         rec = {
             "loss": loss_sum / n,

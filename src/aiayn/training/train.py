@@ -300,7 +300,7 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
             state.step, state.tokens = state.step + 1, state.tokens + tokens
             run.add_step(totals, tokens)
             bar.update(1)
-            if tc.log_every > 0 and state.step % tc.log_every == 0:
+            if run.log_due():
                 _show(run, bar, lr)
             t_aside = time.monotonic()  # validation and saving do not count in tokens/s
             due = (
@@ -317,6 +317,8 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
             run.aside_s += time.monotonic() - t_aside
             if stopped:
                 break
+        if tc.log_every > 0 and run.logged_step != state.step:  # the curve reaches the end
+            _show(run, bar, learning_rate(state.step, tc, run.cfg.model.d_model, run.plan()))
     return stopped
 
 
