@@ -38,7 +38,9 @@ def run_import(args: argparse.Namespace) -> int:
 
 def add_export(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "export", help="write a model for another engine: CTranslate2 (int8) or ONNX Runtime"
+        "export",
+        help="write a model for another engine: CTranslate2 (float32, or int8 for a CPU's "
+        "speed) or ONNX Runtime",
     )
     engines = p.add_subparsers(dest="engine", required=True, metavar="ENGINE")
     c = engines.add_parser(
