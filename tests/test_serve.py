@@ -466,6 +466,36 @@ def test_non_loopback_needs_a_key_and_bad_flags_are_one_line(served_model_dir, c
         assert err.count("\n") == 0 and message in err, err
 
 
+def test_a_taken_port_is_one_line_and_exit_2_before_the_model_loads(served_model_dir, tmp_path):
+    """A port in use: one line, status 2, before the model is loaded (its worker once ran
+    while the process left, and the C++ runtime aborted it: status 134)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from serving import SRC
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    path = os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
+    try:
+        for model in (served_model_dir, tmp_path / "not-loaded"):  # the port is said first
+            proc = subprocess.run(
+                [sys.executable, "-m", "aiayn", "serve", "--model", str(model), "--port",
+                 str(port)], capture_output=True, text=True, timeout=120, env=env,
+            )  # fmt: skip
+            err = proc.stderr.strip()
+            assert proc.returncode == 2 and err.count("\n") == 0, (proc.returncode, err)
+            assert err == f"aiayn serve: error: cannot listen on 127.0.0.1:{port}: Address " \
+                "already in use"  # fmt: skip
+    finally:
+        taken.close()
+
+
 def test_languages_come_from_the_training_files_suffixes(tmp_path):
     from aiayn.serve.requests import model_languages
 

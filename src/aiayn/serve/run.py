@@ -10,6 +10,8 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
+from fastapi import FastAPI
+
 from aiayn.errors import AiaynError
 from aiayn.runtime.gc_pauses import freeze_startup
 from aiayn.serve.app import create_app
@@ -63,14 +65,28 @@ def serve(model_dir: Path, opts: ServeOptions, *, device: str = "auto", dtype: s
     On SIGTERM uvicorn stops accepting connections, answers every request it has accepted,
     then runs the app's shutdown (the model worker answers what is queued and stops).
     """
-    import uvicorn
-
     if not is_loopback(opts.host) and not opts.api_key:
         raise AiaynError(f"--host {opts.host} is reachable from other machines: give --api-key "
                          "KEY (or set AIAYN_API_KEY), or serve on 127.0.0.1")  # fmt: skip
-    translator = load_any(model_dir, device, dtype, threads)
-    app = create_app(translator, model_dir, opts)
+    # The port first: a taken one is said at once, not after the model has loaded, and never
+    # while the model worker runs (a process leaving with it mid-calibration aborted, 134).
     sock = listen(opts.host, opts.port)
+    app = None
+    try:
+        translator = load_any(model_dir, device, dtype, threads)
+        app = create_app(translator, model_dir, opts)
+        return _run(app, sock, model_dir, translator.device, opts, announce)
+    finally:
+        sock.close()
+        if app is not None:  # the worker stops (done already after a drain: the app's lifespan)
+            app.state.server.batcher.close(timeout_s=5.0)
+
+
+def _run(app: FastAPI, sock: socket.socket, model_dir: Path, device: object, opts: ServeOptions,
+         announce: Callable[[str], None]) -> dict[str, int]:  # fmt: skip
+    """uvicorn on `sock` until SIGTERM or Ctrl-C; the counts of requests accepted and answered."""
+    import uvicorn
+
     host, port = sock.getsockname()[:2]
     # uvicorn's own access log would write query strings (and so `?api_key=`): `Accounting`
     # writes one without them.
@@ -86,7 +102,7 @@ def serve(model_dir: Path, opts: ServeOptions, *, device: str = "auto", dtype: s
     # full collections that would otherwise stop every request for ~150 ms (gc_pauses).
     log.info("froze %d objects out of garbage collection", freeze_startup())
     where = f"[{host}]" if ":" in host else host
-    announce(f"aiayn serve: {model_dir} ({translator.device}) on http://{where}:{port}/")
+    announce(f"aiayn serve: {model_dir} ({device}) on http://{where}:{port}/")
     # uvicorn re-raises the SIGTERM it handled once it has drained; a handler that does
     # nothing turns that into a normal return, so the process exits 0.
     previous = signal.signal(signal.SIGTERM, lambda _sig, _frame: None)
@@ -94,5 +110,4 @@ def serve(model_dir: Path, opts: ServeOptions, *, device: str = "auto", dtype: s
         server.run(sockets=[sock])
     finally:
         signal.signal(signal.SIGTERM, previous)
-        sock.close()
     return {"accepted": app.state.server.accepted, "answered": app.state.server.answered}
