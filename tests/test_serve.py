@@ -454,12 +454,19 @@ def test_api_key_and_language_flags(served_model_dir):
 
 
 def test_non_loopback_needs_a_key_and_bad_flags_are_one_line(served_model_dir, capsys,
-                                                             monkeypatch):  # fmt: skip
+                                                             monkeypatch, tmp_path):  # fmt: skip
     monkeypatch.delenv("AIAYN_API_KEY", raising=False)
+    (tmp_path / "blank.txt").write_text("\n  \n", encoding="utf-8")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
     for argv, message in [
         (["--host", "0.0.0.0"], "--host 0.0.0.0 is reachable from other machines"),
         (["--max-beam", "0"], "--max-beam must be positive"),
         (["--source-lang", "en"], "give both --source-lang and --target-lang"),
+        # a given examples file is read, not quietly replaced by the validation sentences
+        (["--examples", str(tmp_path / "none.txt")], "none.txt: No such file or directory"),
+        (["--examples", str(tmp_path / "blank.txt")], "blank.txt holds no sentence"),
+        (["--examples", str(tmp_path / "latin1.txt")], "line 1 is not valid UTF-8"),
+        (["--examples", str(tmp_path)], "Is a directory"),
     ]:
         assert main(["serve", "--model", str(served_model_dir), *argv]) == 2
         err = capsys.readouterr().err.strip()

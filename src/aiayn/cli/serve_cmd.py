@@ -87,6 +87,8 @@ def run_serve(args: argparse.Namespace) -> int:
         raise AiaynError("--window-ms and --threads must be >= 0, --port in 0..65535")
     if bool(args.source_lang) != bool(args.target_lang):
         raise AiaynError("give both --source-lang and --target-lang, or neither")
+    if args.examples is not None:
+        _check_examples(args.examples)
     if args.threads:
         import torch
 
@@ -107,3 +109,17 @@ def run_serve(args: argparse.Namespace) -> int:
     print(f"aiayn serve: stopped; answered {counts['answered']} of {counts['accepted']} "
           "accepted requests", flush=True)  # fmt: skip
     return 0
+
+
+def _check_examples(path: Path) -> None:
+    """A given --examples file must hold sentences: the page would otherwise fall back to the
+    model's validation sentences without a word."""
+    from aiayn.text.corpus import read_lines
+
+    name = f"--examples {path}"
+    try:
+        with path.open("rb") as f:
+            if not any(line.strip() for line in read_lines(f, name)):
+                raise AiaynError(f"{name} holds no sentence")
+    except OSError as e:
+        raise AiaynError(f"{name}: {e.strerror or e}") from None
