@@ -14,19 +14,24 @@ import aiayn
 SRC = Path(aiayn.__file__).resolve().parent.parent  # the aiayn these tests import, for the child
 
 
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment (with `extra`) for a child `python -m aiayn`: the aiayn tested first."""
+    env = {**os.environ, **(extra or {})}
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
+    return env
+
+
 class ServerProcess:
     """`python -m aiayn serve --model DIR --port 0 FLAGS...`, started and waited for."""
 
     def __init__(self, model_dir: Path, *flags: str, env: dict[str, str] | None = None,
                  access_log: bool = False):  # fmt: skip
-        child_env = {**os.environ, **(env or {})}
-        child_env["PYTHONPATH"] = os.pathsep.join([str(SRC), child_env.get("PYTHONPATH", "")])
         quiet = [] if access_log else ["--no-access-log"]
         cmd = [sys.executable, "-m", "aiayn", "serve", "--model", str(model_dir), "--port", "0",
                "--threads", "1", *quiet, *flags]  # fmt: skip
         self.err = tempfile.TemporaryFile("w+")  # noqa: SIM115  (a file, not a pipe: never blocks)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.err, text=True,
-                                     env=child_env)  # fmt: skip
+                                     env=child_env(env))  # fmt: skip
         self.lines: list[str] = []
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -477,23 +477,20 @@ def test_a_taken_port_is_one_line_and_exit_2_before_the_model_loads(tmp_path):
     """A port in use: one line, status 2, before the model is loaded (so before its worker
     runs: the process once left while the worker calibrated, and the C++ runtime aborted it,
     status 134). A model that is not there proves the order: the port is said, not the model."""
-    import os
     import socket
     import subprocess
     import sys
 
-    from serving import SRC
+    from serving import child_env
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     port = taken.getsockname()[1]
-    path = os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path}
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "aiayn", "serve", "--model", str(tmp_path / "not-loaded"),
-             "--port", str(port)], capture_output=True, text=True, timeout=120, env=env,
+             "--port", str(port)], capture_output=True, text=True, timeout=120, env=child_env(),
         )  # fmt: skip
         err = proc.stderr.strip()
         assert proc.returncode == 2 and err.count("\n") == 0, (proc.returncode, err)
