@@ -205,7 +205,9 @@ def test_pure_functions() -> None:
 
 
 def test_bad_settings_are_config_errors() -> None:
-    for cfg in (DecodeConfig(beam_size=0), DecodeConfig(nbest=5), DecodeConfig(top_p=0.0)):
+    wider_than_vocab = DecodeConfig(beam_size=V_FAKE + 1)  # was an IndexError in scatter_
+    for cfg in (DecodeConfig(beam_size=0), DecodeConfig(nbest=5), DecodeConfig(top_p=0.0),
+                wider_than_vocab):  # fmt: skip
         with pytest.raises(ConfigError):
             search(TableModel(), SRC, cfg)
 

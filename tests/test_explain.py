@@ -196,6 +196,10 @@ def test_parse_indices():
     assert parse_indices("all") is None and parse_indices(None) is None
     with pytest.raises(AiaynError):
         parse_indices("one")
+    with pytest.raises(AiaynError, match="from low to high"):
+        parse_indices("1-0")  # selected nothing: the view showed no layer at all
+    with pytest.raises(AiaynError, match="more than"):
+        parse_indices("0-2000000000")  # was said as "expected numbers like ..."
 
 
 def test_json_is_strict_and_complete(trace):

@@ -473,6 +473,21 @@ def test_non_loopback_needs_a_key_and_bad_flags_are_one_line(served_model_dir, c
         assert err.count("\n") == 0 and message in err, err
 
 
+def test_a_beam_limit_wider_than_the_vocabulary_is_refused(served_model_dir, translator):
+    """A request for more beams than the model has tokens would crash the search: the server
+    refuses to start with such a `--max-beam` (in-process: a regression fails, never serves)."""
+    from aiayn.errors import AiaynError
+    from aiayn.serve.app import create_app
+    from aiayn.serve.requests import Limits
+    from aiayn.serve.server import ServeOptions
+
+    V = translator.model.cfg.vocab_size
+    with pytest.raises(AiaynError, match=f"--max-beam {V + 1} exceeds the model's vocabulary"):
+        create_app(translator, served_model_dir, ServeOptions(limits=Limits(max_beam=V + 1)))
+    app = create_app(translator, served_model_dir, ServeOptions(limits=Limits(max_beam=V)))
+    app.state.server.batcher.close()
+
+
 def test_a_taken_port_is_one_line_and_exit_2_before_the_model_loads(tmp_path):
     """A port in use: one line, status 2, before the model is loaded (so before its worker
     runs: the process once left while the worker calibrated, and the C++ runtime aborted it,

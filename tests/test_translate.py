@@ -191,6 +191,8 @@ def bad_runs(model_dir: Path, tmp_path: Path) -> list[tuple[list[str], str]]:
         (["translate", "--model", str(model_dir), "--input", str(latin1)], "line 2 is not valid"),
         (["translate", "--model", str(model_dir), "--beam", "0"], "beam size must be at least 1"),
         (["translate", "--model", str(model_dir), "--nbest", "9"], "cannot exceed the beam"),
+        (["translate", "--model", str(model_dir), "--input", str(fine), "--beam", "321"],
+         "beam size 321 exceeds the model's vocabulary of 320 tokens"),
         (["translate", "--model", str(model_dir), "--input", str(tmp_path / "x")], "No such file"),
         (["evaluate", "--model", str(model_dir), "--src", str(fine), "--ref", str(short)],
          "has 1 lines but"),

@@ -72,15 +72,17 @@ def parse_indices(text: str | None) -> tuple[int, ...] | None:
     if text is None or text.strip().lower() in ("", "all"):
         return None
     out: list[int] = []
-    try:
-        for part in text.split(","):
-            lo, sep, hi = part.strip().partition("-")
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
             span = range(int(lo), int(hi) + 1) if sep else range(int(lo), int(lo) + 1)
-            if len(out) + len(span) > MAX_INDICES:  # "0-2000000000" would fill the memory
-                raise AiaynError(f"{text!r}: more than {MAX_INDICES:,} indices")
-            out.extend(span)
-    except ValueError:
-        raise AiaynError(f"{text!r}: expected numbers like '0,2' or '1-3'") from None
+        except ValueError:  # outside, AiaynError (a ValueError) would be taken for a bad number
+            raise AiaynError(f"{text!r}: expected numbers like '0,2' or '1-3'") from None
+        if not span:  # '3-1' would select nothing, and the view would show no layer
+            raise AiaynError(f"{text!r}: a range runs from low to high, like '1-3'")
+        if len(out) + len(span) > MAX_INDICES:  # "0-2000000000" would fill the memory
+            raise AiaynError(f"{text!r}: more than {MAX_INDICES:,} indices")
+        out.extend(span)
     return tuple(out)
 
 

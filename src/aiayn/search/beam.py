@@ -42,7 +42,7 @@ class BeamSearch:
     """
 
     def __init__(self, model: Decodable, cfg: DecodeConfig, *, on_step: OnStep | None = None):
-        check_decode_config(cfg)
+        check_decode_config(cfg, model.cfg.vocab_size)
         self.model, self.cfg, self.on_step, self.N = model, cfg, on_step, cfg.beam_size
         self.steps = 0  # steps taken by this search (sentences that joined late took fewer)
         self.next_id = 0

@@ -89,8 +89,9 @@ def sample_seed(seed: int, line_no: int) -> int:
     return (x ^ (x >> 31)) >> 1
 
 
-def check_decode_config(cfg: DecodeConfig) -> None:
-    """Raise a one-line ConfigError for settings no search can honour."""
+def check_decode_config(cfg: DecodeConfig, vocab_size: int = 0) -> None:
+    """Raise a one-line ConfigError for settings no search can honour (with `vocab_size`, the
+    model's: also a beam wider than its vocabulary, which has fewer tokens than beams to fill)."""
     # One `if` each, so a message is only formatted when it is raised: the server checks the
     # settings of every request.
     if cfg.beam_size < 1:
@@ -99,6 +100,10 @@ def check_decode_config(cfg: DecodeConfig) -> None:
         raise ConfigError(f"nbest must be at least 1, got {cfg.nbest}")
     if not cfg.sample and cfg.nbest > cfg.beam_size:
         raise ConfigError(f"nbest={cfg.nbest} cannot exceed the beam size {cfg.beam_size}")
+    if vocab_size and not cfg.sample and cfg.beam_size > vocab_size:
+        raise ConfigError(
+            f"beam size {cfg.beam_size} exceeds the model's vocabulary of {vocab_size} tokens"
+        )
     if not all(map(math.isfinite, (cfg.alpha, cfg.temperature, cfg.top_p, cfg.max_len_a))):
         raise ConfigError("alpha, temperature, top_p and max_len_a must be finite numbers")
     if cfg.temperature <= 0:

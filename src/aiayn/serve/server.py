@@ -92,6 +92,9 @@ class Server:
             source, None
         )
         cfg = translator.model.cfg
+        if self.limits.max_beam > cfg.vocab_size:  # a request could ask for more beams than tokens
+            raise AiaynError(f"--max-beam {self.limits.max_beam} exceeds the model's vocabulary "
+                             f"of {cfg.vocab_size} tokens")  # fmt: skip
         self.models = request_models(self.limits, self.languages, cfg.n_layers, cfg.n_heads)
         self.batcher = Batcher(
             translator, window_s=opts.window_ms / 1000, batch_tokens=opts.batch_tokens,

@@ -98,6 +98,7 @@ class Translator:
         self.model = model.eval() if is_torch else model
         self.tokenizer = tokenizer
         self.cfg = cfg or DecodeConfig()
+        check_decode_config(self.cfg, model.cfg.vocab_size)  # e.g. a saved beam wider than it
         self.device = next(model.parameters()).device if is_torch else torch.device("cpu")
         self.precision = precision or choose_precision("fp32", self.device)
 
@@ -128,7 +129,7 @@ class Translator:
         if beam is not None:
             overrides["beam_size"] = beam
         cfg = dataclasses.replace(self.cfg, **overrides)  # type: ignore[arg-type]
-        check_decode_config(cfg)
+        check_decode_config(cfg, self.model.cfg.vocab_size)
         return cfg
 
     def translate(
@@ -159,7 +160,7 @@ class Translator:
         `first_line_no` is the line number of `lines[0]` in its file: sampling seeds each line
         with `sample_seed(cfg.seed, line number)`.
         """
-        check_decode_config(cfg)
+        check_decode_config(cfg, self.model.cfg.vocab_size)
         if batch_tokens < 1:
             raise DataError(f"batch_tokens must be at least 1, got {batch_tokens}")
         results: list[list[Translation]] = [
