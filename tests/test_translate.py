@@ -369,7 +369,9 @@ def test_cli_evaluate_alphas_scores_each_and_names_the_best(
     assert "length ratio" in text and "<- best" in text and "--set decode.alpha=" in text
     for argv, message in [
         ([*base, "--alphas", "0.6,x"], "expected numbers"),
-        ([*base, "--alphas", "-1"], ">= 0"),
+        ([*base, "--alphas", "-1"], "in [0, 10]"),
+        ([*base, "--alphas", "0.6,inf"], "in [0, 10]"),  # said before 0.6 was translated
+        ([*base, "--alpha", "1e308"], "alpha must be in [0, 10]"),  # an OverflowError
         ([*base, "--alphas", "0.6", "--alpha", "1"], "leave out --alpha"),
         ([*base, "--alphas", "0.6", "--beam", "1"], "needs beam search"),
     ]:

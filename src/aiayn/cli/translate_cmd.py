@@ -69,12 +69,14 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 
 def parse_alphas(text: str) -> list[float]:
+    from aiayn.search.settings import MAX_ALPHA
+
     try:
         alphas = [float(a) for a in text.split(",") if a.strip()]
     except ValueError:
         raise AiaynError(f"--alphas {text!r}: expected numbers separated by commas") from None
-    if not alphas or any(not a >= 0 for a in alphas):
-        raise AiaynError(f"--alphas {text!r}: expected one or more numbers >= 0")
+    if not alphas or any(not 0 <= a <= MAX_ALPHA for a in alphas):  # NaN too, before any run
+        raise AiaynError(f"--alphas {text!r}: expected one or more numbers in [0, {MAX_ALPHA:g}]")
     return alphas
 
 

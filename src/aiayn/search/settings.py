@@ -14,6 +14,11 @@ from torch import Tensor
 from aiayn.config import DecodeConfig
 from aiayn.errors import ConfigError
 
+# Past ~100 the penalty ((5 + |Y|) / 6) ** alpha overflows a float for long outputs; no
+# published setting goes beyond 2 (fairseq, Marian, GNMT use 0.6-1.4).
+MAX_ALPHA = 10.0
+MAX_LENGTH = 2**31 - 1  # token counts in settings: more than any positional table holds
+
 
 @dataclass(frozen=True)
 class Hypothesis:
@@ -118,5 +123,7 @@ def check_decode_config(cfg: DecodeConfig, vocab_size: int = 0) -> None:
         raise ConfigError("max_len_a and max_len_b must be >= 0")
     if cfg.max_tokens < 0:
         raise ConfigError(f"max_tokens must be >= 0 (0 = the model's), got {cfg.max_tokens}")
-    if cfg.alpha < 0:
-        raise ConfigError(f"length penalty alpha must be >= 0, got {cfg.alpha}")
+    if not 0 <= cfg.alpha <= MAX_ALPHA:
+        raise ConfigError(f"length penalty alpha must be in [0, {MAX_ALPHA:g}], got {cfg.alpha}")
+    if max(cfg.min_len, cfg.max_len_b) > MAX_LENGTH:  # they become int64 tensors
+        raise ConfigError(f"min_len and max_len_b must be at most {MAX_LENGTH:,} tokens")

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from aiayn.config import read_run_config
+from aiayn.search.settings import MAX_ALPHA
 
 
 @dataclass(frozen=True)
@@ -257,7 +258,7 @@ def request_models(
         q: _text(limits.max_chars_per_sentence, required=True) | Lines
         beam: BeamSize | None = None
         nbest: BeamSize | None = None
-        alpha: Annotated[float, Field(ge=0, le=10)] | None = None
+        alpha: Annotated[float, Field(ge=0, le=MAX_ALPHA)] | None = None
         sample: bool | None = None
         temperature: Annotated[float, Field(gt=0, le=100)] | None = None
         top_k: _int(0, 1_000_000) | None = None
@@ -282,7 +283,7 @@ def request_models(
         beam: _int(0, limits.max_beam) = 0
         top_k: _int(1, 100) = 5
         max_len: _int(1, limits.max_output_tokens) | None = None
-        alpha: Annotated[float, Field(ge=0, le=10)] | None = None
+        alpha: Annotated[float, Field(ge=0, le=MAX_ALPHA)] | None = None
         min_len: Tokens | None = None
         sample: bool | None = None
         temperature: Annotated[float, Field(gt=0, le=100)] | None = None
