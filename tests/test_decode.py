@@ -208,9 +208,9 @@ def test_bad_settings_are_config_errors() -> None:
     wider_than_vocab = DecodeConfig(beam_size=V_FAKE + 1)  # was an IndexError in scatter_
     overflowing = (
         DecodeConfig(beam_size=2, alpha=1e308),  # OverflowError in the penalty
-        DecodeConfig(min_len=2**63),
+        DecodeConfig(min_len=2**63),  # past int64: OverflowError in a tensor
         DecodeConfig(max_len_b=2**63),
-    )  # int64 tensors
+    )
     for cfg in (DecodeConfig(beam_size=0), DecodeConfig(nbest=5), DecodeConfig(top_p=0.0),
                 wider_than_vocab, *overflowing):  # fmt: skip
         with pytest.raises(ConfigError):
