@@ -150,9 +150,17 @@ def test_cli_reports_a_bad_model_directory_in_one_line(tmp_path, capsys):
     assert err.count("\n") == 0 and "not an aiayn model directory" in err
 
 
-def test_cli_info_on_a_preset(capsys):
+def test_cli_info_on_a_preset(capsys, tmp_path, monkeypatch):
     assert main(["info", "--preset", "paper_base", "--vocab-size", "37000"]) == 0
     assert '"parameters": 63082496' in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)  # no directory named paper_base here
+    assert main(["info", "paper_base"]) == 0  # was "model directory not found: paper_base"
+    assert '"parameters": 63082496' in capsys.readouterr().out
+    assert main(["info", "paper_bass"]) == 2
+    assert "nor a preset (cpu_small, cpu_tiny, paper_base" in capsys.readouterr().err
+    # Counted on the meta device: 10^11 tokens x 1024 dims was an allocation of 400 TB.
+    assert main(["info", "--preset", "paper_big", "--vocab-size", str(10**11)]) == 0
+    assert '"parameters": 102400176357376' in capsys.readouterr().out
 
 
 def test_cli_info_takes_the_model_directory_as_an_argument(tmp_path, tiny_cfg, capsys):

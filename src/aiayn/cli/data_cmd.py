@@ -20,19 +20,31 @@ def add_info(sub: argparse._SubParsersAction) -> None:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from aiayn.config import ModelConfig, to_dict
+    import torch
+
+    from aiayn.config import MODEL_PRESETS, ModelConfig, to_dict
     from aiayn.interop.export_dir import is_export_dir, read_export_meta
     from aiayn.nn.model import Transformer, count_parameters
     from aiayn.store.model_dir import load_model_dir
 
     args.model = args.model or args.model_dir
+    if args.model_dir is not None and not args.model_dir.exists():
+        name = str(args.model_dir)  # `aiayn info paper_base`: the help says "a preset or a model"
+        if name not in MODEL_PRESETS:
+            raise AiaynError(f"{name}: no such model directory, nor a preset "
+                             f"({', '.join(sorted(MODEL_PRESETS))})")  # fmt: skip
+        args.preset, args.model = name, None
     if args.model is not None and is_export_dir(args.model):  # aiayn export wrote it
         meta = read_export_meta(args.model)
         keys = ("engine", "quantization", "architecture", "files", "versions", "source_model")
         print(json.dumps({**{k: meta.get(k) for k in keys}, "config": meta["model"]}, indent=2))
         return 0
-    model = (Transformer(ModelConfig.preset(args.preset, vocab_size=args.vocab_size))
-             if args.preset else load_model_dir(args.model))  # fmt: skip
+    if args.preset:  # on the meta device: sizes without memory (a vocabulary of 10^11 is fine)
+        cfg = ModelConfig.preset(args.preset, vocab_size=args.vocab_size)
+        with torch.device("meta"):
+            model: torch.nn.Module = Transformer(cfg)
+    else:
+        model = load_model_dir(args.model)
     info = {
         "architecture": type(model).__name__,
         "parameters": count_parameters(model),
