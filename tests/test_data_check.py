@@ -127,7 +127,7 @@ def test_cli_json_and_write_a_cleaned_corpus(planted, tmp_path, capsys):
     assert not any(s == "The cat number 2 sits on the table." for s, _ in kept)  # overlap
     assert main(args) == 2  # refuses to write into a directory that holds files
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "not empty" in err
+    assert err.count("\n") == 1 and f"--write {out} exists and is not empty" in err
     assert main(["data", "check", "--src", str(src), "--tgt", str(tgt)]) == 0
     text = capsys.readouterr().out
     assert text.startswith("48 training pairs (en -> de): ") and "misaligned" in text

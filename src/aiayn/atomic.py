@@ -70,12 +70,13 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def check_new_dir(out: Path) -> None:
-    """Refuse a `--out` that exists and is not an empty directory (before any work starts)."""
+def check_new_dir(out: Path, flag: str = "--out") -> None:
+    """Refuse a `--out` (or the `flag` that named it) that exists and is not an empty
+    directory (before any work starts)."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise ConfigError(f"--out {out} exists and is not a directory; choose a new directory")
+        raise ConfigError(f"{flag} {out} exists and is not a directory; choose a new directory")
     if out.is_dir() and any(out.iterdir()):
-        raise ConfigError(f"--out {out} exists and is not empty; choose a new directory")
+        raise ConfigError(f"{flag} {out} exists and is not empty; choose a new directory")
 
 
 @contextmanager

@@ -132,7 +132,7 @@ def run_data_check(args: argparse.Namespace) -> int:
     if args.write is not None:  # refused before the corpus is read
         from aiayn.atomic import check_new_dir
 
-        check_new_dir(args.write)
+        check_new_dir(args.write, "--write")
     report = check_corpus(args.src, args.tgt, evals, max_chars=args.max_chars)
     written = write_clean(report, args.write) if args.write is not None else None
     if args.json:
