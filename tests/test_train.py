@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -1033,6 +1034,35 @@ def test_bad_averaging_recipes_are_one_line_config_errors(corpus, tmp_path, over
         train(tiny(corpus, tmp_path / "run", **over), progress=False)
     assert "\n" not in str(e.value)
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("lr", math.inf), ("lr", 0.0), ("lr", math.nan), ("max_minutes", -1.0),  # ran forever
+     ("max_minutes", math.nan), ("label_smoothing", 1.0), ("adam_betas", (0.9, 1.0)),
+     ("adam_eps", math.inf), ("clip_norm", -1.0), ("weight_decay", math.nan),
+     ("warmup_steps", -1), ("max_steps", 0), ("valid_every", -1), ("keep_last", -1),
+     ("log_every", 0), ("threads", -2)],
+)  # fmt: skip
+def test_out_of_range_training_values_are_one_line_config_errors(field, value):
+    """Each trained on before: lr=inf to a NaN loss, max_minutes=-1 without end, NaN minutes
+    to a traceback. Refused before anything is written (check_recipe runs first)."""
+    from aiayn.errors import ConfigError
+    from aiayn.training.train import check_recipe
+
+    with pytest.raises(ConfigError, match=f"train.*{field}") as e:
+        check_recipe(dataclasses.replace(TrainConfig(), **{field: value}))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="warmup_steps=0"):  # noam divides by it
+        check_recipe(TrainConfig(lr_schedule="noam", warmup_steps=0))
+    check_recipe(TrainConfig(lr_schedule="cosine", warmup_steps=0))
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_config_is_a_valid_recipe(path):
+    from aiayn.training.train import check_recipe
+
+    check_recipe(load_config(path).train)
 
 
 def test_own_data_config_is_a_valid_budget_recipe():

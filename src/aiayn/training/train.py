@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import random
 import time
@@ -131,7 +132,29 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
 
 
 def check_recipe(tc: TrainConfig) -> None:
-    """Refuse combinations of TrainConfig values that cannot work, before anything is written."""
+    """Refuse TrainConfig values, and combinations of them, that cannot work, before anything
+    is written. Every range is written so that NaN fails it (its comparisons are false)."""
+    inf = math.inf
+    ranges = [  # a value out of its range trained silently (lr=inf: NaN loss for an hour)
+        (tc.vocab_size >= 1 and tc.max_len >= 1, "vocab_size and max_len must be at least 1"),
+        (0 <= tc.label_smoothing < 1, f"label_smoothing={tc.label_smoothing} must be in [0, 1)"),
+        (0 < tc.lr < inf, f"lr={tc.lr} must be a positive number"),
+        (tc.warmup_steps >= (1 if tc.lr_schedule == "noam" else 0),  # noam divides by it
+         f"warmup_steps={tc.warmup_steps} must be >= 0 (noam: >= 1)"),
+        (all(0 <= b < 1 for b in tc.adam_betas), f"adam_betas={tc.adam_betas} must be in [0, 1)"),
+        (all(0 <= x < inf for x in (tc.adam_eps, tc.weight_decay, tc.clip_norm)),
+         "adam_eps, weight_decay and clip_norm must be numbers >= 0"),
+        (tc.max_steps >= 1, f"max_steps={tc.max_steps} must be at least 1"),
+        (0 <= tc.max_minutes < inf, f"max_minutes={tc.max_minutes} must be >= 0 (0 = no limit)"),
+        (min(tc.max_epochs, tc.valid_every, tc.save_every, tc.patience, tc.bleu_samples,
+             tc.threads, tc.keep_last, tc.average_last) >= 0,
+         "max_epochs, valid_every, save_every, patience, bleu_samples, threads, keep_last and "
+         "average_last must be >= 0"),
+        (tc.log_every >= 1, f"log_every={tc.log_every} must be at least 1"),
+    ]  # fmt: skip
+    for ok, message in ranges:
+        if not ok:
+            raise ConfigError(f"train.{message}")
     if tc.accum_steps < 1 or tc.max_tokens < 1:
         raise ConfigError("train.accum_steps and train.max_tokens must be at least 1")
     if tc.best_metric == "bleu" and tc.bleu_samples < 1:
