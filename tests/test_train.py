@@ -1036,9 +1036,39 @@ def test_bad_averaging_recipes_are_one_line_config_errors(corpus, tmp_path, over
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
+def test_a_run_whose_loss_is_nan_stops_and_saves_nothing_of_it(corpus, tmp_path, caplog, capsys):
+    """A rate far too high: the loss becomes NaN within steps. Before, such a run trained on
+    to max_steps and saved NaN checkpoints (and, without validation, a NaN model)."""
+    from aiayn.cli.main import main
+    from aiayn.store.checkpoints import checkpoint_step
+    from aiayn.store.model_dir import WEIGHTS_FILE
+
+    over = {"train.lr_schedule": "constant", "train.lr": 1e30, "train.warmup_steps": 0,
+            "train.valid_every": 0}  # fmt: skip
+    # Found at a save (step 1's loss is finite, so its checkpoint is kept), or at a log.
+    for name, when in (("save", {"train.save_every": 1}), ("log", {"train.log_every": 2})):
+        out = tmp_path / name
+        with caplog.at_level(logging.ERROR, logger="aiayn.training.finish"):
+            result = train(tiny(corpus, out, **over, **when), progress=False)
+        assert result.stopped == "diverged" and result.step < 10, name
+        assert "diverged and stopped" in caplog.text and "train.lr (now 1e+30)" in caplog.text
+        kept = list_checkpoints(out)
+        assert [checkpoint_step(c) for c in kept] == ([1] if name == "save" else [])
+        for ckpt in kept:  # saved before the loss went bad, never after
+            assert all(t.isfinite().all() for t in load_tensors(ckpt / WEIGHTS_FILE).values())
+        assert not (out / WEIGHTS_FILE).exists()  # no model of these weights either
+    argv = [f"{k}={v}" for k, v in {**over, "train.out_dir": str(tmp_path / "cli")}.items()]
+    capsys.readouterr()
+    sets = [x for k, v in corpus.items() for x in ("--set", f"{k}={v}")]
+    overrides = [x for a in argv for x in ("--set", a)]
+    code = main(["train", "--config", str(CONFIGS / "tiny_copy.toml"), "--no-progress", *sets,
+                 *overrides])  # fmt: skip
+    assert code == 1 and "stopped (diverged)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "field, value",
-    [("lr", math.inf), ("lr", 0.0), ("lr", math.nan), ("max_minutes", -1.0),  # ran forever
+    [("lr", math.inf), ("lr", -1.0), ("lr", math.nan), ("max_minutes", -1.0),  # ran forever
      ("max_minutes", math.nan), ("label_smoothing", 1.0), ("adam_betas", (0.9, 1.0)),
      ("adam_eps", math.inf), ("clip_norm", -1.0), ("weight_decay", math.nan),
      ("warmup_steps", -1), ("max_steps", 0), ("valid_every", -1), ("keep_last", -1),

@@ -46,8 +46,9 @@ def run_train(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, *([f"train.device={args.device}"] if args.device else [])]
     result = train(load_config(args.config, overrides), progress=not args.no_progress)
     if rank == 0:
-        print(f"stopped ({result.stopped}) at step {result.step}; model: {result.out_dir}")
-    return 130 if result.stopped == "signal" else 0
+        where = "no model written" if result.stopped == "diverged" else "model"
+        print(f"stopped ({result.stopped}) at step {result.step}; {where}: {result.out_dir}")
+    return {"signal": 130, "diverged": 1}.get(result.stopped, 0)
 
 
 def add_average(sub: argparse._SubParsersAction) -> None:

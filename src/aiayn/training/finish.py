@@ -106,6 +106,17 @@ def finish_run(run: Run, stopped: str, progress: bool = False) -> None:
     alpha (with average_last); wait for all ranks."""
     state, out, d = run.state, run.out, run.d
     t_finish = time.monotonic()
+    if stopped == "diverged":  # nothing of these weights is kept: no save, no average
+        if d.main:
+            log.error(
+                "the training loss is not a number by step %d: the run diverged and stopped, "
+                "and its weights are not saved (%s keeps what was saved before). Train again "
+                "with a lower train.lr (now %g) or with train.clip_norm (now %g)",
+                state.step, out, run.tc.lr, run.tc.clip_norm,
+            )  # fmt: skip
+        if d.world > 1:
+            dist.barrier()
+        return
     if run.data.valid and stopped != "signal" and run.last_validated != state.step:
         run.validate()
     if run.last_saved != state.step or not list_checkpoints(out):

@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 class TrainResult:
     out_dir: Path
     step: int
-    stopped: str  # max_steps | max_epochs | max_minutes | total_steps | early_stopping | signal
+    # max_steps | max_epochs | max_minutes | total_steps | early_stopping | signal | diverged
+    stopped: str
     train_loss: float  # mean smoothed loss per target token over the last log window
     best: float | None
 
@@ -122,6 +123,11 @@ class Run:
         self.metric(rec)
         self.window, self.window_t = self._zeros(), now
         return rec
+
+    def window_finite(self) -> bool:
+        """The loss summed since the last training record is a number (all ranks: a collective):
+        False once the run has diverged (NaN or inf), and its weights are no longer worth a save."""
+        return math.isfinite(all_sum(self.window, self.d)[0])
 
     def add_step(self, totals: Tensor, tokens: int) -> None:
         """Add one step's (loss, NLL) device totals and its tokens to the log window.

@@ -138,7 +138,7 @@ def check_recipe(tc: TrainConfig) -> None:
     ranges = [  # a value out of its range trained silently (lr=inf: NaN loss for an hour)
         (tc.vocab_size >= 1 and tc.max_len >= 1, "vocab_size and max_len must be at least 1"),
         (0 <= tc.label_smoothing < 1, f"label_smoothing={tc.label_smoothing} must be in [0, 1)"),
-        (0 < tc.lr < inf, f"lr={tc.lr} must be a positive number"),
+        (0 <= tc.lr < inf, f"lr={tc.lr} must be a number >= 0"),  # 0: frozen (tests use it)
         (tc.warmup_steps >= (1 if tc.lr_schedule == "noam" else 0),  # noam divides by it
          f"warmup_steps={tc.warmup_steps} must be >= 0 (noam: >= 1)"),
         (all(0 <= b < 1 for b in tc.adam_betas), f"adam_betas={tc.adam_betas} must be in [0, 1)"),
@@ -325,6 +325,9 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
             bar.update(1)
             if run.log_due():
                 _show(run, bar, lr)
+                if not math.isfinite(run.last_loss):
+                    stopped = "diverged"
+                    break
             t_aside = time.monotonic()  # validation and saving do not count in tokens/s
             due = (
                 state.step % tc.valid_every == 0 if tc.valid_every > 0 else state.epoch != epoch
@@ -335,12 +338,15 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
                 n, seconds = run.valid_cost
                 run.valid_cost = (n + 1, seconds + time.monotonic() - t_aside)
             if run.save_due():
+                if not run.window_finite():  # never a checkpoint (or a model) of NaN weights
+                    stopped = "diverged"
+                    break
                 run.save()
             run.window_t += time.monotonic() - t_aside
             run.aside_s += time.monotonic() - t_aside
             if stopped:
                 break
-        if tc.log_every > 0 and run.logged_step != state.step:  # the curve reaches the end
+        if stopped != "diverged" and run.logged_step != state.step:  # the curve reaches the end
             _show(run, bar, learning_rate(state.step, tc, run.cfg.model.d_model, run.plan()))
     return stopped
 
