@@ -386,6 +386,15 @@ def test_cli_engine_refuses_what_it_cannot_honour(
         (["translate", "--model", str(onnx_export), "--dtype", "bf16"], "ONNX engine runs in fp32"),
         (["explain", "haus", "--model", str(out)], "explain needs an aiayn model directory"),
         (["attend", "haus", "--model", str(out), "--out", str(tmp_path / "a")], "attend needs"),
+        # commands that load the weights: "not an aiayn model config (format != ...)" before
+        (
+            ["average", "--inputs", str(out), str(out), "--out", str(tmp_path / "av")],
+            "was written by aiayn export (translate, evaluate and serve run it); give the aiayn",
+        ),
+        (
+            ["export", "onnx", "--model", str(out), "--out", str(tmp_path / "ox")],
+            "was written by aiayn export",
+        ),
     ]
     for argv, message in runs:
         capsys.readouterr()

@@ -279,6 +279,28 @@ def test_trained_copy_model_translates_a_file(tmp_path: Path, capsys: pytest.Cap
     assert result["bleu"]["score"] > 80 and result["exact_match"] >= 70
 
 
+def test_a_reader_that_leaves_early_is_no_traceback(model_dir: Path, tmp_path: Path) -> None:
+    """`aiayn translate ... | head`, `aiayn info ... | head`: once the reader has gone, the
+    command stops quietly with 141 (128 + SIGPIPE, as `yes | head` reports for `yes`). `info`
+    wrote a BrokenPipeError traceback; `translate` had its own handler (it said 0)."""
+    from serving import child_env
+
+    src = tmp_path / "in.txt"
+    src.write_text("haus\n" * 50, encoding="utf-8")
+    for argv in (["info", "--preset", "cpu_tiny", "--vocab-size", "100"],
+                 ["translate", "--model", str(model_dir), "--input", str(src)]):  # fmt: skip
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader is gone before the first line
+        try:
+            proc = subprocess.run([sys.executable, "-m", "aiayn", *argv], stdout=write_end,
+                                  stderr=subprocess.PIPE, text=True, env=child_env(),
+                                  timeout=300)  # fmt: skip
+        finally:
+            os.close(write_end)
+        assert proc.returncode == 141, (argv, proc.stderr[-500:])
+        assert "Traceback" not in proc.stderr and "Error" not in proc.stderr, proc.stderr[-500:]
+
+
 def test_cli_refuses_to_write_over_its_input(
     model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -9,6 +9,7 @@ one line on stderr with exit status 2; anything else is a bug and keeps its trac
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -69,7 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     keep_freed_memory()  # batches and steps reuse freed pages (AIAYN_MALLOC=default: not)
     try:
-        return COMMANDS[args.command][1](args)
+        code = COMMANDS[args.command][1](args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not in the exit's flush
+        return code
+    except BrokenPipeError:  # `aiayn translate ... | head`: the reader has what it wanted
+        # Python's own advice (signal module docs): stdout to /dev/null, or the flush at exit
+        # raises again. 141 = 128 + SIGPIPE, what `yes | head` reports for `yes`.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except AiaynError as e:
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
         return 2

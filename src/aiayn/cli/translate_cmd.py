@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -43,11 +42,8 @@ def run_translate(args: argparse.Namespace) -> int:
     interactive = args.input is None and sys.stdin.isatty()
     buffer_size = args.buffer_size or (1 if interactive else 1024)
     kw = dict(batch_tokens=args.batch_tokens, buffer_size=buffer_size)
-    if args.output is None:
-        try:
-            translate_to(translator, cfg, sys.stdout, args.input, **kw)
-        except BrokenPipeError:  # the reader left early (`| head`): stop quietly
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if args.output is None:  # a reader that leaves early (`| head`): cli.main stops quietly
+        translate_to(translator, cfg, sys.stdout, args.input, **kw)
         return 0
     with atomic_open_text(args.output) as out:  # a failed run leaves no half-written output
         translate_to(translator, cfg, out, args.input, **kw)

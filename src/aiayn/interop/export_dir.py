@@ -19,11 +19,10 @@ from aiayn.atomic import atomic_write_json, check_new_dir, read_json_object
 from aiayn.config import DecodeConfig, ModelConfig, from_dict, to_dict
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.nn.model import Transformer
-from aiayn.store.model_dir import load_model_dir
+from aiayn.store.model_dir import EXPORT_FILE, load_model_dir
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.translate.translator import saved_decode_config
 
-EXPORT_FILE = "aiayn_export.json"
 EXPORT_FORMAT = "aiayn-export"
 EXPORT_FORMAT_VERSION = 1
 ENGINES = ("ctranslate2", "onnxruntime")

@@ -30,6 +30,7 @@ FORMAT = "aiayn-model"
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+EXPORT_FILE = "aiayn_export.json"  # what marks an `aiayn export` directory (interop.export_dir)
 
 
 def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -80,6 +81,11 @@ def read_model_meta(directory: str | Path) -> dict[str, Any]:
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"model directory not found: {directory}")
+    if (directory / EXPORT_FILE).is_file():  # its config.json is the engine's
+        raise CheckpointError(
+            f"{directory} was written by aiayn export (translate, evaluate "
+            "and serve run it); give the aiayn model directory it came from"
+        )
     missing = f"{directory} is not an aiayn model directory (no {CONFIG_FILE})"
     meta = read_json_object(
         directory / CONFIG_FILE, missing, fmt=("an aiayn model config", FORMAT, FORMAT_VERSION)
