@@ -126,7 +126,7 @@ def test_tokenized_text_warning_once(caplog: pytest.LogCaptureFixture) -> None:
 # --- the command line ---------------------------------------------------------------------------
 
 
-def test_cli_translate_file(model_dir: Path, tmp_path: Path) -> None:
+def test_cli_translate_file(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     src = tmp_path / "in.txt"
     lines = ["haus katze", "", *corpus(12, seed=2)]
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -137,6 +137,8 @@ def test_cli_translate_file(model_dir: Path, tmp_path: Path) -> None:
     assert len(got) == len(lines) + 1 and got[-1] == "" and got[1] == ""
     expected = Translator.load(model_dir).translate(lines, beam=2, max_len_a=0.0, max_len_b=6)
     assert got[:-1] == expected
+    # stderr is no terminal here: no bar and its carriage returns in a log (runtime.progress)
+    assert "\r" not in capsys.readouterr().err
     assert main([*args, "--nbest", "3", "--beam", "3", "--max-len-b", "4"]) == 0
     nbest = out.read_text(encoding="utf-8").splitlines()
     assert nbest[0].startswith("1 ||| ") and nbest[3].startswith("2 ||| ")  # empty line 2: one

@@ -30,6 +30,7 @@ from aiayn.errors import ConfigError
 from aiayn.nn.model import Transformer
 from aiayn.runtime.device import choose_precision
 from aiayn.runtime.distributed import Dist, init_distributed, stop_on_signals
+from aiayn.runtime.progress import interactive
 from aiayn.store.model_dir import load_model_config, load_model_dir
 from aiayn.store.run_dir import (
     TrainState,
@@ -298,7 +299,9 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
         total=_bar_total(tc, loader, state.epoch),
         initial=state.step,
         unit="step",
-        disable=not (progress and d.main),
+        # A log file or a pipe gets the training records as log lines instead (`_show`), as
+        # fairseq's `simple` format: a bar's redraws would pile up there (runtime.progress).
+        disable=not (progress and d.main and interactive()),
         dynamic_ncols=True,
     )
     with stop_on_signals() as flag, bar, logging_redirect_tqdm():

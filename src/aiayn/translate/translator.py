@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import torch
-from tqdm import tqdm
 
 from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, from_dict, read_run_config
 from aiayn.errors import CheckpointError, ConfigError, DataError
 from aiayn.nn.model import Transformer
 from aiayn.runtime.device import Precision, choose_precision, resolve_device
+from aiayn.runtime.progress import progress as progress_bar
 from aiayn.search.decode import search
 from aiayn.search.settings import Hypothesis, check_decode_config, sample_seed
 from aiayn.store.model_dir import load_model_dir
@@ -275,7 +275,7 @@ def translate_to(
     if input_path is not None:
         all_lines = read_file_lines(input_path)  # checked up front
         lines: Sequence[str] | Iterator[str] = all_lines
-        bar = tqdm(total=len(all_lines), unit="line", file=sys.stderr, desc="translate")
+        bar = progress_bar(total=len(all_lines), unit="line", desc="translate")
     else:
         lines = read_lines(sys.stdin.buffer, "<stdin>")  # streamed: checked as it comes
     stream = translator.translate_stream(
@@ -328,8 +328,7 @@ def evaluate_lines(
     match, as a JSON-ready dict that also holds the hypotheses."""
     if len(src) != len(refs):
         raise DataError(f"{len(src)} source lines but {len(refs)} references")
-    with tqdm(total=len(src), unit="line", file=sys.stderr, desc="evaluate",
-              disable=not progress) as bar:  # fmt: skip
+    with progress_bar(total=len(src), unit="line", desc="evaluate", disable=not progress) as bar:
         results = list(
             translator.translate_stream(src, cfg, batch_tokens=batch_tokens, progress=bar.update)
         )
