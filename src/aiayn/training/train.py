@@ -357,18 +357,13 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
 def _show(run: Run, bar: Any, lr: float) -> None:
     """Log the window's loss and speed: on the progress bar, or as a log line without one."""
     rec, state = run.log_train(lr), run.state
-    if bar.disable and run.d.main:  # no bar (no tty, --no-progress): say it in the log
-        log.info(
-            "step %d epoch %d: loss %.3f ppl %.1f lr %.2e %.0f tok/s",
-            state.step,
-            state.epoch + 1,
-            rec["loss"],
-            rec["ppl"],
-            lr,
-            rec["tokens_per_s"],
-        )
     left = {"left": f"{run.tc.max_minutes - run.elapsed() / 60:.1f}min"} \
         if run.tc.max_minutes else {}  # fmt: skip
+    if bar.disable and run.d.main:  # no bar (no tty, --no-progress): say it in the log
+        of = f"/{bar.total}" if bar.total else ""  # the bar's total: known, or fitted
+        log.info("step %d%s epoch %d: loss %.3f ppl %.1f lr %.2e %.0f tok/s%s", state.step, of,
+                 state.epoch + 1, rec["loss"], rec["ppl"], lr, rec["tokens_per_s"],
+                 f", {left['left']} left" if left else "")  # fmt: skip
     bar.set_postfix(
         loss=f"{rec['loss']:.3f}",
         ppl=f"{rec['ppl']:.1f}",
