@@ -461,6 +461,16 @@ def test_non_loopback_needs_a_key_and_bad_flags_are_one_line(served_model_dir, c
     for argv, message in [
         (["--host", "0.0.0.0"], "--host 0.0.0.0 is reachable from other machines"),
         (["--max-beam", "0"], "--max-beam must be positive"),
+        # each of these served before: NaN timeouts (every request 503), an endless window, a
+        # count past int64 (a traceback). The host makes a regression fail, not serve forever.
+        *[
+            ([flag, value, "--host", "0.0.0.0"], message)
+            for flag, value, message in [
+                ("--timeout", "nan", "--timeout must be positive (at most 2,147,483,647)"),
+                ("--window-ms", "inf", "--window-ms must be in 0..10,000"),
+                ("--max-output-tokens", str(10**20), "--max-output-tokens must be positive"),
+            ]
+        ],
         (["--source-lang", "en"], "give both --source-lang and --target-lang"),
         # a given examples file is read, not quietly replaced by the validation sentences
         (["--examples", str(tmp_path / "none.txt")], "none.txt: No such file or directory"),

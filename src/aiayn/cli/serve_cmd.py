@@ -9,6 +9,9 @@ from pathlib import Path
 from aiayn.cli.flags import add_device_flag, add_dtype_flag
 from aiayn.errors import AiaynError
 
+MAX_FLAG = 2**31 - 1  # the most any count or number of seconds may be (a signed 32-bit int)
+MAX_WINDOW_MS = 10_000  # a longer wait to gather requests only delays every one of them
+
 
 def add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -53,7 +56,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=30.0,
                    help="seconds a request may take, queueing included (default 30)")  # fmt: skip
     p.add_argument("--window-ms", type=float, default=10.0,
-                   help="how long the model waits to batch requests (default 10)")  # fmt: skip
+                   help="how long the model waits to batch requests, in ms (default 10, "
+                   "at most 10000)")  # fmt: skip
     p.add_argument("--batch-tokens", type=int, default=2048, help="source tokens per batch")
     p.add_argument("--max-connections", type=int, default=1024,
                    help="connections and requests at once, then 503 (default 1024)")  # fmt: skip
@@ -80,11 +84,16 @@ def run_serve(args: argparse.Namespace) -> int:
     positive = ("max_chars_per_request", "max_chars_per_sentence", "max_sentences", "max_beam",
                 "timeout", "batch_tokens", "max_queue", "max_output_tokens", "max_rows",
                 "max_trace_numbers", "chunk_rows", "turn_tokens", "max_connections")  # fmt: skip
+    # NaN, inf and past int32 are refused too: a NaN timeout answered every request with 503,
+    # an inf window never ran the model, and 10^20 output tokens overflowed a tensor.
     for name in positive:
-        if getattr(args, name) <= 0:
-            raise AiaynError(f"--{name.replace('_', '-')} must be positive")
-    if args.window_ms < 0 or args.threads < 0 or not 0 <= args.port < 65536:
-        raise AiaynError("--window-ms and --threads must be >= 0, --port in 0..65535")
+        value = getattr(args, name)
+        if not 0 < value <= MAX_FLAG:
+            raise AiaynError(f"--{name.replace('_', '-')} must be positive (at most {MAX_FLAG:,})")
+    if not (0 <= args.window_ms <= MAX_WINDOW_MS and 0 <= args.threads <= 4096
+            and 0 <= args.port < 65536):  # fmt: skip
+        raise AiaynError(f"--window-ms must be in 0..{MAX_WINDOW_MS:,}, --threads >= 0, --port "
+                         "in 0..65535")  # fmt: skip
     if bool(args.source_lang) != bool(args.target_lang):
         raise AiaynError("give both --source-lang and --target-lang, or neither")
     if args.examples is not None:
