@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiayn.config import PAD_ID, TrainConfig, load_config
+from aiayn.config import PAD_ID, Config, ModelConfig, TrainConfig, load_config
 from aiayn.errors import CheckpointError
 from aiayn.store.checkpoints import list_checkpoints
 from aiayn.store.model_dir import load_model_dir, load_tensors
@@ -1084,6 +1084,8 @@ def test_out_of_range_training_values_are_one_line_config_errors(field, value):
     with pytest.raises(ConfigError, match=f"train.*{field}") as e:
         check_recipe(dataclasses.replace(TrainConfig(), **{field: value}))
     assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="train.threads=99999: give 0"):  # was a traceback
+        train(Config(ModelConfig.preset("cpu_tiny", vocab_size=8), TrainConfig(threads=99999)))
     with pytest.raises(ConfigError, match="warmup_steps=0"):  # noam divides by it
         check_recipe(TrainConfig(lr_schedule="noam", warmup_steps=0))
     check_recipe(TrainConfig(lr_schedule="cosine", warmup_steps=0))

@@ -84,10 +84,9 @@ def decode_setup(args: argparse.Namespace) -> tuple[Translator, DecodeConfig]:
     import dataclasses
     import logging
 
-    import torch
-
     from aiayn.interop.engines import exported_decode_config, load_translator
     from aiayn.interop.export_dir import is_export_dir
+    from aiayn.runtime.device import set_threads
     from aiayn.search.settings import check_decode_config
     from aiayn.translate.translator import Translator, saved_decode_config
 
@@ -98,8 +97,7 @@ def decode_setup(args: argparse.Namespace) -> tuple[Translator, DecodeConfig]:
     check_decode_config(cfg)
     if args.batch_tokens < 1:
         raise AiaynError(f"--batch-tokens must be at least 1, got {args.batch_tokens}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="aiayn: %(message)s")  # show warnings
     if exported:  # aiayn export wrote it: CTranslate2 or ONNX Runtime runs it (docs/export.md)
         translator = load_translator(args.model, cfg, device=args.device, dtype=args.dtype,

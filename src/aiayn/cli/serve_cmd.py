@@ -90,18 +90,15 @@ def run_serve(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if not 0 < value <= MAX_FLAG:
             raise AiaynError(f"--{name.replace('_', '-')} must be positive (at most {MAX_FLAG:,})")
-    if not (0 <= args.window_ms <= MAX_WINDOW_MS and 0 <= args.threads <= 4096
-            and 0 <= args.port < 65536):  # fmt: skip
-        raise AiaynError(f"--window-ms must be in 0..{MAX_WINDOW_MS:,}, --threads >= 0, --port "
-                         "in 0..65535")  # fmt: skip
+    if not (0 <= args.window_ms <= MAX_WINDOW_MS and 0 <= args.port < 65536):
+        raise AiaynError(f"--window-ms must be in 0..{MAX_WINDOW_MS:,} and --port in 0..65535")
     if bool(args.source_lang) != bool(args.target_lang):
         raise AiaynError("give both --source-lang and --target-lang, or neither")
     if args.examples is not None:
         _check_examples(args.examples)
-    if args.threads:
-        import torch
+    from aiayn.runtime.device import set_threads
 
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     limits = Limits(args.max_chars_per_request, args.max_chars_per_sentence, args.max_sentences,
                     args.max_beam, args.timeout, args.max_output_tokens, args.max_rows,
                     args.max_trace_numbers)  # fmt: skip

@@ -38,6 +38,9 @@ def run_translate(args: argparse.Namespace) -> int:
             )
         if args.output.is_dir():
             raise AiaynError(f"--output {args.output} is a directory; give a file name")
+    if args.buffer_size < 0:
+        raise AiaynError(f"--buffer-size must be >= 0 (0 = 1024, or 1 on a terminal), got "
+                         f"{args.buffer_size}")  # fmt: skip
     translator, cfg = decode_setup(args)
     interactive = args.input is None and sys.stdin.isatty()
     buffer_size = args.buffer_size or (1 if interactive else 1024)

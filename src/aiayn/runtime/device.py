@@ -27,6 +27,7 @@ from aiayn.errors import ConfigError
 log = logging.getLogger(__name__)
 
 DTYPES = ("auto", "fp32", "bf16")
+MAX_THREADS = 4096  # torch takes a C int; a count past it (or below 0) was a traceback
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda)(?::(\d+))?$")
 
 
@@ -155,3 +156,11 @@ def choose_precision(
     tf32 = device.type == "cuda"
     extra = " with TF32 matmuls" if tf32 else ""
     return Precision(device, "fp32", tf32, f"auto: fp32{extra}, no native bf16 on {found}")
+
+
+def set_threads(n: int, name: str = "--threads") -> None:
+    """torch's intra-op threads: n > 0 sets them, 0 leaves torch's default."""
+    if not 0 <= n <= MAX_THREADS:
+        raise ConfigError(f"{name}={n}: give 0 (torch's default) up to {MAX_THREADS}")
+    if n:
+        torch.set_num_threads(n)

@@ -28,7 +28,7 @@ from aiayn.atomic import atomic_write_json, atomic_write_text
 from aiayn.config import RUN_CONFIG_FILE, Config, TrainConfig, to_dict
 from aiayn.errors import ConfigError
 from aiayn.nn.model import Transformer
-from aiayn.runtime.device import choose_precision
+from aiayn.runtime.device import choose_precision, set_threads
 from aiayn.runtime.distributed import Dist, init_distributed, stop_on_signals
 from aiayn.runtime.progress import interactive
 from aiayn.store.model_dir import load_model_config, load_model_dir
@@ -112,8 +112,7 @@ def train(cfg: Config, *, tokenizer: Tokenizer | None = None, progress: bool = T
     """
     threads = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
+    set_threads(cfg.train.threads, "train.threads")
     if cfg.train.deterministic:
         # cuBLAS is deterministic only with a fixed workspace; set before its first use.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
