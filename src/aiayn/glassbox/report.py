@@ -31,7 +31,7 @@ def trace_settings(
     if max_len is not None and max_len < 1:
         raise AiaynError(f"--max-len must be at least 1, got {max_len}")
     if beam < 0:
-        raise AiaynError(f"--beam must be at least 1 (0 = no beam trace), got {beam}")
+        raise AiaynError(f"--beam must be >= 0 (0 = no beam trace), got {beam}")
     cfg = dataclasses.replace(cfg, **(overrides or {}))
     beam_cfg = dataclasses.replace(cfg, beam_size=max(beam, 1), nbest=1, sample=False)
     for c in (dataclasses.replace(cfg, beam_size=1, nbest=1), beam_cfg):
