@@ -201,8 +201,10 @@ def test_plot_log_tolerates_missing_keys_and_junk(tmp_path):
         {"step": 20, "valid_loss": 4.5, "valid_ppl": 60.0},
         {"step": 30, "loss": 3.5, "ppl": float("nan")},  # NaN is skipped, not plotted
     ], junk=True)  # fmt: skip
+    with (tmp_path / "metrics.jsonl").open("ab") as f:
+        f.write(b'{"step": 40, "loss": \xff\xfe 3.0}\n')  # not UTF-8: was a traceback
     records, bad = read_metrics(tmp_path / "metrics.jsonl")
-    assert bad == 2 and len(records) == 4
+    assert bad == 3 and len(records) == 4
     fig = plot_training_log(tmp_path)
     assert panel_titles(fig) == ["loss", "perplexity", "learning rate"]  # no BLEU logged
     loss_ax = fig.axes[0]

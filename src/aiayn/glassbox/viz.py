@@ -249,13 +249,13 @@ def read_metrics(path: str | Path) -> tuple[list[dict], int]:
     """
     records: dict[tuple[bool, float], dict] = {}
     bad = 0
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:  # a line that is not UTF-8 (a torn write) is one bad line
         for line in f:
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except ValueError:  # not JSON, or not UTF-8 (UnicodeDecodeError)
                 bad += 1
                 continue
             if not isinstance(rec, dict) or not isinstance(rec.get("step"), int | float):
