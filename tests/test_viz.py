@@ -110,6 +110,10 @@ def test_cli_attend_writes_pngs_and_html(model_dir, tmp_path, capsys):
     assert (tmp_path / "two" / "001" / "cross.png").exists()
     assert main(["attend", "--model", str(model_dir), "--out", str(tmp_path / "x")]) == 2
     assert "at least one sentence" in capsys.readouterr().err
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))  # was a traceback
+    assert main(["attend", "--model", str(model_dir), "--input", str(tmp_path / "latin1.txt"),
+                 "--out", str(tmp_path / "y")]) == 2  # fmt: skip
+    assert "line 1 is not valid UTF-8" in capsys.readouterr().err
 
 
 def test_cli_attend_refuses_a_file_as_out(model_dir, tmp_path, capsys):

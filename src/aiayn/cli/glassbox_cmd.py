@@ -109,6 +109,7 @@ def run_attend(args: argparse.Namespace) -> int:
     from aiayn.runtime.device import resolve_device
     from aiayn.store.model_dir import load_model_dir
     from aiayn.text.tokenizer import Tokenizer
+    from aiayn.translate.translator import read_file_lines
 
     # --out must be (or become) a directory: say so now, not after the model has run.
     existing = next(p for p in (args.out, *args.out.parents) if p.exists())
@@ -122,7 +123,7 @@ def run_attend(args: argparse.Namespace) -> int:
     refuse_export_dir(args.model, "attend")
     sentences = list(args.sentences)
     if args.input:
-        sentences += [s for s in args.input.read_text(encoding="utf-8").splitlines() if s.strip()]
+        sentences += [s for s in read_file_lines(args.input) if s.strip()]  # UTF-8, checked
     if not sentences:
         raise AiaynError("give at least one sentence (or --input FILE)")
     device = resolve_device(args.device)
