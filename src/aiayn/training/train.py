@@ -356,7 +356,7 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
 def _show(run: Run, bar: Any, lr: float) -> None:
     """Log the window's loss and speed: on the progress bar, or as a log line without one."""
     rec, state = run.log_train(lr), run.state
-    left = {"left": f"{run.tc.max_minutes - run.elapsed() / 60:.1f}min"} \
+    left = {"left": f"{max(run.tc.max_minutes - run.elapsed() / 60, 0.0):.1f}min"} \
         if run.tc.max_minutes else {}  # fmt: skip
     if bar.disable and run.d.main:  # no bar (no tty, --no-progress): say it in the log
         of = f"/{bar.total}" if bar.total else ""  # the bar's total: known, or fitted
