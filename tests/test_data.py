@@ -79,8 +79,10 @@ def test_filtering_is_counted_and_keeps_alignment(tmp_path):
 
 def test_tsv_with_wrong_field_count(tmp_path):
     tsv = write(tmp_path / "a.tsv", "a\tb\nc\n")
-    with pytest.raises(DataError, match="line 2 has 1 tab-separated fields"):
+    with pytest.raises(DataError, match="line 2 has 1 tab-separated fields") as e:
         list(read_parallel(tsv))
+    # train.valid_src given without valid_tgt is read this way: the message says why
+    assert "without its target side is read as source<TAB>target" in str(e.value)
 
 
 @pytest.fixture(scope="module")

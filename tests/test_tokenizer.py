@@ -66,7 +66,10 @@ def test_small_corpus_gets_the_largest_vocabulary_it_supports():
 
 def test_clear_errors(tmp_path):
     with pytest.raises(DataError, match="too small: this text needs at least"):
-        Tokenizer.train(CORPUS, vocab_size=100)
+        Tokenizer.train(CORPUS, vocab_size=262)  # fewer than the bytes, specials and characters
+    for tiny in (3, 100):  # 3 was SentencePiece's "INTERNAL: ... insert_id(eos_id)"
+        with pytest.raises(DataError, match="too small: a vocabulary needs at least 260 pieces"):
+            Tokenizer.train(CORPUS, vocab_size=tiny)
     with pytest.raises(DataError, match="empty text"):
         Tokenizer.train(["", "  "])
     with pytest.raises(CheckpointError, match="no tokenizer"):

@@ -112,7 +112,9 @@ def _tsv(path: Path) -> Iterator[tuple[str, str]]:
     for line_no, line in enumerate(_lines(path), 1):
         cols = line.split("\t")
         if len(cols) != 2:
-            raise DataError(f"{path}: line {line_no} has {len(cols)} tab-separated fields, not 2")
+            raise DataError(f"{path}: line {line_no} has {len(cols)} tab-separated fields, not 2 "
+                            "(a file given without its target side is read as source<TAB>target "
+                            "lines)")  # fmt: skip
         yield cols[0], cols[1]
 
 

@@ -199,6 +199,10 @@ class JointTokenizer(Tokenizer):
         lines = [t for t in texts if t.strip()]
         if not lines:
             raise DataError("cannot train a tokenizer on empty text")
+        if vocab_size < 256 + 4:  # SentencePiece fails below it with an INTERNAL error
+            raise DataError(f"vocab_size={vocab_size} is too small: a vocabulary needs at least "
+                            "260 pieces (256 byte-fallback pieces and the 4 special tokens), "
+                            "and one more for each distinct character")  # fmt: skip
         size = vocab_size
         for _ in range(3):
             buf = io.BytesIO()
