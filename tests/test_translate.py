@@ -65,6 +65,9 @@ def test_translate_api_defaults_and_overrides(translator: Translator) -> None:
     assert translator.translate(["hund baum"], sample=True, top_k=1) == [greedy]
     hyps = translator.translate_hyps(["hund baum"], translator.settings(beam=3, nbest=3))[0]
     assert len(hyps) == 3 and hyps[0].hyp.score >= hyps[-1].hyp.score
+    for wrong in ("hund baum", ["hund", None]):  # the str's characters were translated one each
+        with pytest.raises(TypeError, match=r"a list of sentences \(str\)"):
+            translator.translate(wrong)  # type: ignore[arg-type]
 
 
 def test_token_budget_batches() -> None:

@@ -163,6 +163,9 @@ class Translator:
         check_decode_config(cfg, self.model.cfg.vocab_size)
         if batch_tokens < 1:
             raise DataError(f"batch_tokens must be at least 1, got {batch_tokens}")
+        if isinstance(lines, str) or not all(isinstance(line, str) for line in lines):
+            # a str is a sequence too: translate("Hallo") translated each of its characters
+            raise TypeError("translate takes a list of sentences (str), e.g. translate([text])")
         results: list[list[Translation]] = [
             [Translation("", Hypothesis([], 0.0, 0.0, True))] for _ in lines
         ]
