@@ -101,6 +101,14 @@ def test_traced_equals_untraced_for_other_architectures(loaded, variant):
     assert "encoder.1.residual2" in to_text(tr)
 
 
+def test_one_sentence_is_explained_and_anything_else_said(loaded):
+    model, tok = loaded
+    with pytest.raises(TypeError, match="one sentence .a str. is explained at a time"):
+        explain(model, tok, [SENTENCE, SENTENCE])  # type: ignore[arg-type]  # was AttributeError
+    with pytest.raises(AiaynError, match="the sentence to explain is empty"):
+        explain(model, tok, "  ")
+
+
 def test_greedy_trace_makes_the_same_choices_as_decode(loaded, trace):
     model, _ = loaded
     ref = greedy_decode(model, torch.tensor([trace.src_ids]), max_len=6)[0]

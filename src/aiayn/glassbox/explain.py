@@ -93,6 +93,8 @@ def source_ids(model: Transformer, tok: Tokenizer, sentence: str) -> list[int]:
     """Token ids of `sentence` as the model reads it (EOS appended): a source longer than the
     positional table is cut to its first max_len - 1 tokens plus EOS, with a warning, as
     `aiayn translate` does (so what is explained is what is translated)."""
+    if not isinstance(sentence, str):  # a list of sentences: 'list' has no attribute 'strip'
+        raise TypeError(f"one sentence (a str) is explained at a time, got {type(sentence)}")
     if not sentence.strip():
         raise AiaynError("the sentence to explain is empty")
     ids, limit = tok.encode(sentence), model.cfg.max_len
