@@ -77,6 +77,21 @@ def test_filtering_is_counted_and_keeps_alignment(tmp_path):
     assert "dropped 3" in stats.report("train") and "line 2" in stats.report("train")
 
 
+def test_a_line_longer_than_the_cap_is_cut_and_the_next_line_stays_aligned(monkeypatch, caplog):
+    """One line is never held whole past MAX_LINE_BYTES (a line of gigabytes was read into
+    memory): its head is kept, cut at a character's start, and the rest skipped in pieces."""
+    import io
+
+    from aiayn.text import corpus
+
+    monkeypatch.setattr(corpus, "MAX_LINE_BYTES", 8)
+    text = "ab\n" + "é" * 10 + "\n" + "x" * 30 + "\n\nlast"
+    with caplog.at_level("WARNING", logger="aiayn.text.corpus"):
+        lines = list(corpus.read_lines(io.BytesIO(text.encode("utf-8")), "in.txt"))
+    assert lines == ["ab", "éééé", "xxxxxxxx", "", "last"]  # 4 x 2 bytes: no é cut in half
+    assert "in.txt: line 3 is longer than 8 bytes" in caplog.text
+
+
 def test_tsv_with_wrong_field_count(tmp_path):
     tsv = write(tmp_path / "a.tsv", "a\tb\nc\n")
     with pytest.raises(DataError, match="line 2 has 1 tab-separated fields") as e:

@@ -8,6 +8,7 @@ validation set from a training corpus (deduplicated against it) when the user ga
 
 from __future__ import annotations
 
+import logging
 import random
 from array import array
 from collections.abc import Iterator
@@ -18,6 +19,11 @@ from typing import BinaryIO
 from aiayn.errors import DataError
 
 MAX_LINE_CHARS = 10_000  # a "sentence" longer than this is almost surely a broken line
+# The most of one line that is ever held in memory: a file (or stdin) with a line of gigabytes
+# was read whole. Far above MAX_LINE_CHARS, so a cut line is still dropped as too long.
+MAX_LINE_BYTES = 1 << 20
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,13 +72,30 @@ class DataStats:
 def read_lines(stream: BinaryIO, name: str) -> Iterator[str]:
     """Decoded lines of a binary stream without their newline; invalid UTF-8 is a DataError
     that names the file (`name`) and the line."""
-    for line_no, raw in enumerate(stream, 1):
+    line_no = 0
+    while raw := stream.readline(MAX_LINE_BYTES + 1):
+        line_no += 1
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            raw = _cut_long_line(stream, raw, f"{name}: line {line_no}")
         try:
             yield raw.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError as e:
             raise DataError(
                 f"{name}: line {line_no} is not valid UTF-8 (byte {e.start}: {e.reason})"
             ) from None
+
+
+def _cut_long_line(stream: BinaryIO, head: bytes, where: str) -> bytes:
+    """The first MAX_LINE_BYTES bytes of a longer line (cut at a character's start); the rest
+    of the line is read past in bounded pieces, so the next line is the file's next line."""
+    while (rest := stream.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+        pass
+    cut = MAX_LINE_BYTES
+    while cut > 0 and head[cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte: not a start
+        cut -= 1
+    log.warning("%s is longer than %d bytes: only its first %d are read", where,
+                MAX_LINE_BYTES, cut)  # fmt: skip
+    return head[:cut]
 
 
 def _lines(path: Path) -> Iterator[str]:
