@@ -1084,11 +1084,17 @@ def test_out_of_range_training_values_are_one_line_config_errors(field, value):
     with pytest.raises(ConfigError, match=f"train.*{field}") as e:
         check_recipe(dataclasses.replace(TrainConfig(), **{field: value}))
     assert "\n" not in str(e.value)
-    with pytest.raises(ConfigError, match="train.threads=99999: give 0"):  # was a traceback
-        train(Config(ModelConfig.preset("cpu_tiny", vocab_size=8), TrainConfig(threads=99999)))
+
+
+def test_noam_needs_a_warmup_and_threads_are_checked_before_they_are_set():
+    from aiayn.errors import ConfigError
+    from aiayn.training.train import check_recipe
+
     with pytest.raises(ConfigError, match="warmup_steps=0"):  # noam divides by it
         check_recipe(TrainConfig(lr_schedule="noam", warmup_steps=0))
     check_recipe(TrainConfig(lr_schedule="cosine", warmup_steps=0))
+    with pytest.raises(ConfigError, match="train.threads=99999: give 0"):  # was a traceback
+        train(Config(ModelConfig.preset("cpu_tiny", vocab_size=8), TrainConfig(threads=99999)))
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
