@@ -98,6 +98,25 @@ def test_attention_view_is_the_traced_weights(ex):
     assert float(dec[(1, 1)]) == float(ex["step1.decoder.0.self_attn.head3.weights"][0, 1])
 
 
+def test_views_of_what_the_trace_does_not_have_say_what_it_has(ex):
+    """A KeyError on a tensor name, an IndexError, a 'crss' kind drawn as decoder
+    self-attention, a 3-D tensor's unpacking error: each is now a ValueError that says why."""
+    n_steps, n_src = len(ex.steps), len(ex.src_pieces)
+    for make, message in [
+        (lambda: AttentionView(ex, "cross", layer=2, head=1), r"layer 2 does not exist: .* 0..1"),
+        (lambda: AttentionView(ex, "cross", layer=0, head=0), r"head 0 does not exist: .* 1..4"),
+        (lambda: AttentionView(ex, "crss"), "kind='crss': choose"),
+        (lambda: ForwardPassView(ex, source=n_src), f"source={n_src}: .* 0..{n_src - 1}"),
+        (lambda: ForwardPassView(ex, step=n_steps), f"step={n_steps}: .* 0..{n_steps - 1}"),
+        (lambda: ForwardPassView(ex, head=5, step=0), "head 5 does not exist"),
+        (lambda: MatrixView(torch.zeros(2, 3, 4)), r"1-D or 2-D tensor .* \(2, 3, 4\)"),
+        (lambda: MatrixView(torch.zeros(2, 3), rows=["a"]), "1 row and 3 column labels"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            make()
+    AttentionView(ex, "cross", layer=1, head="4")  # a head's number as text, as before
+
+
 def test_beam_view_shows_every_candidate_and_the_output(ex):
     page = BeamView(ex.beam)._repr_html_()
     assert_self_contained(page)

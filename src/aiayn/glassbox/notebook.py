@@ -74,16 +74,36 @@ def _svg(parts: list[str], width: float, height: float) -> str:
             f'font-family="sans-serif" font-size="12">{"".join(parts)}</svg>')  # fmt: skip
 
 
+def _check_place(ex: Explanation, layer: int, head: int | str, *, source: int | None = None,
+                 step: int | None = None) -> None:  # fmt: skip
+    """A layer, head, source piece or step that the explanation does not have is a ValueError
+    naming what it has (a KeyError on a tensor name, or an IndexError, before)."""
+    n_layers, n_heads = ex.layers_and_heads()
+    if not 0 <= layer < n_layers:
+        raise ValueError(f"layer {layer} does not exist: the model has layers 0..{n_layers - 1}")
+    if head != "mean" and not (str(head).isdigit() and 1 <= int(head) <= n_heads):
+        raise ValueError(f"head {head!r} does not exist: the model has heads 1..{n_heads}")
+    if source is not None and not 0 <= source < len(ex.src_pieces):
+        raise ValueError(f"source={source}: the sentence has pieces 0..{len(ex.src_pieces) - 1}")
+    if step is not None and not 0 <= step < len(ex.steps):
+        raise ValueError(f"step={step}: the translation has steps 0..{len(ex.steps) - 1}")
+
+
 class MatrixView:
     """A 1-D or 2-D tensor as a heat map with row and column labels (values on hover)."""
 
     def __init__(self, value: Tensor, rows: Sequence[str] | None = None,
                  cols: Sequence[str] | None = None, title: str = "", unit: bool = False,
                  name: str = "") -> None:  # fmt: skip
+        if value.dim() not in (1, 2):
+            raise ValueError(f"a 1-D or 2-D tensor is drawn, got shape {tuple(value.shape)}")
         self.value = value[None] if value.dim() == 1 else value
         n_rows, n_cols = self.value.shape
         self.rows = list(rows) if rows is not None else [str(i) for i in range(n_rows)]
         self.cols = list(cols) if cols is not None else [f"d{j}" for j in range(n_cols)]
+        if (len(self.rows), len(self.cols)) != (n_rows, n_cols):
+            raise ValueError(f"{len(self.rows)} row and {len(self.cols)} column labels for a "
+                             f"{n_rows} x {n_cols} tensor")  # fmt: skip
         self.title, self.unit, self.name = title, unit, name or title
 
     def _repr_html_(self) -> str:
@@ -115,6 +135,9 @@ class AttentionView(MatrixView):
 
     def __init__(self, ex: Explanation, kind: str = "cross", layer: int = 0,
                  head: int | str = 1) -> None:  # fmt: skip
+        if kind not in ("cross", "enc_self", "dec_self"):  # "crss" drew decoder self-attention
+            raise ValueError(f"kind={kind!r}: choose 'cross', 'enc_self' or 'dec_self'")
+        _check_place(ex, layer, head)
         _, n_heads = ex.layers_and_heads()
         heads = range(1, n_heads + 1) if head == "mean" else [int(head)]
         fed = [s.input_piece for s in ex.steps]
@@ -191,6 +214,7 @@ class ForwardPassView:
                  step: int | None = None, dims: int = 16) -> None:  # fmt: skip
         if (source is None) == (step is None):
             raise ValueError("give source=i or step=t")
+        _check_place(ex, layer, head, source=source, step=step)
         self.ex, self.layer, self.head, self.source, self.step = ex, layer, head, source, step
         self.dims = dims
 
