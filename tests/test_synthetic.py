@@ -247,6 +247,8 @@ def test_cli_dates_and_zero_held_out(tmp_path):
         (["--src", "xx", "--tgt", "de"], "unsupported language 'xx'; supported: ar, az,"),
         (["--src", "en", "--tgt", "klingon"], "unsupported language 'klingon'"),
         (["--src", "en", "--tgt", "en"], "both 'en'"),
+        # refused before train.* is written (they were written, then --valid was refused)
+        (["--src", "en", "--tgt", "de", "--valid", "-1"], "must be >= 0, got -1"),
     ],
 )
 def test_cli_bad_language_is_one_line_exit_2(tmp_path, capsys, flags, message):

@@ -303,6 +303,9 @@ def write_corpus(
     check_language(tgt)
     if src == tgt:
         raise DataError(f"source and target language are both {src!r}; the files would collide")
+    # Every split is checked before any is written (--valid -1 was refused after train.*).
+    for split, n in zip(SPLITS, (n_train, n_valid, n_test), strict=True):
+        _check_request(task, n, split, seed)
     out_dir = Path(out_dir)
     if not overwrite:
         names = [f"{split}.{lang}" for split, n in zip(SPLITS, (n_train, n_valid, n_test),
