@@ -158,9 +158,14 @@ def choose_precision(
     return Precision(device, "fp32", tf32, f"auto: fp32{extra}, no native bf16 on {found}")
 
 
-def set_threads(n: int, name: str = "--threads") -> None:
-    """torch's intra-op threads: n > 0 sets them, 0 leaves torch's default."""
+def check_threads(n: int, name: str = "--threads") -> None:
+    """A thread count torch can take: 0 (its default) up to MAX_THREADS."""
     if not 0 <= n <= MAX_THREADS:
         raise ConfigError(f"{name}={n}: give 0 (torch's default) up to {MAX_THREADS}")
+
+
+def set_threads(n: int, name: str = "--threads") -> None:
+    """torch's intra-op threads: n > 0 sets them, 0 leaves torch's default."""
+    check_threads(n, name)
     if n:
         torch.set_num_threads(n)

@@ -28,7 +28,7 @@ from aiayn.atomic import atomic_write_json, atomic_write_text
 from aiayn.config import RUN_CONFIG_FILE, Config, TrainConfig, to_dict
 from aiayn.errors import ConfigError
 from aiayn.nn.model import Transformer
-from aiayn.runtime.device import choose_precision, set_threads
+from aiayn.runtime.device import check_threads, choose_precision, set_threads
 from aiayn.runtime.distributed import Dist, init_distributed, stop_on_signals
 from aiayn.runtime.progress import interactive
 from aiayn.store.model_dir import load_model_config, load_model_dir
@@ -147,14 +147,15 @@ def check_recipe(tc: TrainConfig) -> None:
         (tc.max_steps >= 1, f"max_steps={tc.max_steps} must be at least 1"),
         (0 <= tc.max_minutes < inf, f"max_minutes={tc.max_minutes} must be >= 0 (0 = no limit)"),
         (min(tc.max_epochs, tc.valid_every, tc.save_every, tc.patience, tc.bleu_samples,
-             tc.threads, tc.keep_last, tc.average_last) >= 0,
-         "max_epochs, valid_every, save_every, patience, bleu_samples, threads, keep_last and "
+             tc.keep_last, tc.average_last) >= 0,
+         "max_epochs, valid_every, save_every, patience, bleu_samples, keep_last and "
          "average_last must be >= 0"),
         (tc.log_every >= 1, f"log_every={tc.log_every} must be at least 1"),
     ]  # fmt: skip
     for ok, message in ranges:
         if not ok:
             raise ConfigError(f"train.{message}")
+    check_threads(tc.threads, "train.threads")  # the bound set_threads applies
     if tc.accum_steps < 1 or tc.max_tokens < 1:
         raise ConfigError("train.accum_steps and train.max_tokens must be at least 1")
     if tc.best_metric == "bleu" and tc.bleu_samples < 1:
