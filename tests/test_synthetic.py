@@ -249,6 +249,8 @@ def test_cli_dates_and_zero_held_out(tmp_path):
         (["--src", "en", "--tgt", "en"], "both 'en'"),
         # refused before train.* is written (they were written, then --valid was refused)
         (["--src", "en", "--tgt", "de", "--valid", "-1"], "must be >= 0, got -1"),
+        # a billion pairs would be built in memory (~1 TB): refused before any work
+        (["--src", "en", "--tgt", "de", "--n", "1000000000"], "at most 2,000,000 a split"),
     ],
 )
 def test_cli_bad_language_is_one_line_exit_2(tmp_path, capsys, flags, message):

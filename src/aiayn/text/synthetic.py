@@ -58,6 +58,9 @@ MAX_DIGITS = 6
 FIRST_DATE = datetime.date(1900, 1, 1)
 LAST_DATE = datetime.date(2099, 12, 31)
 HELD_OUT_FRACTION = 0.1  # of each class, for valid and again for test (at least one value each)
+# A split is built in memory (~1 KB a pair, ~40 s a million on a 2-core CPU): bounded, and at
+# twice the ~1M distinct numbers (dates: ~73k) further pairs only repeat.
+MAX_PAIRS = 2_000_000
 
 
 # --- rendering: one value -> one line of text -------------------------------------------------
@@ -136,6 +139,11 @@ def _check_request(task: str, n: int, split: str, seed: int) -> None:
         raise DataError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     if n < 0:
         raise DataError(f"the number of pairs must be >= 0, got {n}")
+    if n > MAX_PAIRS:
+        raise DataError(
+            f"asked for {n:,} {split} pairs; at most {MAX_PAIRS:,} a split (built in memory, "
+            "~1 KB a pair; past that the pairs only repeat the task's distinct values)"
+        )
     if seed < 0:
         raise DataError(f"the seed must be >= 0, got {seed}")
 
