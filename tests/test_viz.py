@@ -12,6 +12,7 @@ import torch
 from aiayn.cli.main import main
 from aiayn.config import BOS_ID, PAD_ID, ModelConfig
 from aiayn.errors import AiaynError
+from aiayn.glassbox import viz
 from aiayn.glassbox.viz import (
     attention_figures,
     attention_for_model,
@@ -132,6 +133,28 @@ def test_cli_attend_refuses_a_file_as_out(model_dir, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "cannot write into --out" in err and "\n" not in err, err
     assert taken.read_bytes() == (tmp_path / "att" / "001").read_bytes() == b"mine"
+
+
+def test_attend_is_bounded_before_the_work(model_dir, tmp_path, capsys):
+    """A 900-piece sentence on a 1,024-position model drew a 109,000 x 43,000-pixel canvas (the
+    machine ran out of its 24 GB); too many weights or sentences are refused before any is
+    recorded, and a long sentence that passes is drawn within MAX_GRID_INCHES a side."""
+    long = " ".join(["cat"] * 900)  # ~900 pieces: 2 layers x 4 heads x 900^2 > MAX_NUMBERS
+    argv = ["attend", "--model", str(model_dir), "--max-len", "2", "--out", str(tmp_path / "a")]
+    assert main([*argv, long]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "more than the 5,000,000 pictures are drawn from" in err
+    assert main([*argv, *(["a dog"] * (viz.MAX_SENTENCES + 1))]) == 2
+    assert f"at most {viz.MAX_SENTENCES} at a time" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+    model, tok = load_model_dir(model_dir), Tokenizer.load(model_dir)
+    (ex,) = attention_for_translations(model, tok, [" ".join(["cat"] * 600)], max_len=2)
+    fig = plot_attention_grid(ex.maps["enc_self"], ex.src, ex.src, "long")
+    assert max(fig.get_size_inches()) <= viz.MAX_GRID_INCHES
+    panel = next(ax for ax in fig.axes if ax.get_images())
+    labels = [t.get_text() for t in panel.get_xticklabels()]
+    every = int(panel.get_xticks()[1])  # thinned to fit: every `every`-th piece, from the first
+    assert every > 1 and labels == ex.src[::every]
 
 
 @pytest.fixture(scope="module")

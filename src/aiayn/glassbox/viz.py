@@ -23,7 +23,6 @@ from aiayn.errors import AiaynError
 from aiayn.nn.model import AttentionMaps, Transformer
 from aiayn.nn.tracing import tracing
 from aiayn.nn.variants import DecoderLM, EncoderClassifier
-from aiayn.text.batches import pad_rows
 from aiayn.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -40,6 +39,13 @@ AXES = {  # (rows, columns) of each kind's maps
     "cross": ("output token being produced (query)", "source token (key)"),
     "lm_self": ("input token (query)", "input token (key)"),
 }
+
+
+# Bounds on one run's pictures: the maps grow with length^2 and all of them go into the page.
+MAX_SENTENCES = 100
+MAX_NUMBERS = 5_000_000  # attention weights in all maps (the page's JSON: ~35 MB)
+MAX_GRID_INCHES = 80.0  # a grid figure's longest side (8,800 pixels at attend's 110 dpi)
+LABEL_INCHES = 0.1  # the least room for a 6-point tick label; fewer labels where cells shrink
 
 
 @dataclass
@@ -117,21 +123,26 @@ def attention_for_translations(
     maps of one teacher-forced pass over the translation the model actually produced."""
     from aiayn.glassbox.explain import greedy_translate
 
+    _check_count(sentences)
     pairs = [greedy_translate(model, tok, s, max_len) for s in sentences]
-    src_BS = pad_rows([src for src, _ in pairs], tok.pad_id)
-    tgt_in_BT = pad_rows([[tok.bos_id, *out[:-1]] for _, out in pairs], tok.pad_id)
-    tgt_out_BT = pad_rows([out for _, out in pairs], tok.pad_id)
+    LH = model.cfg.n_layers * model.cfg.n_heads  # each stack's maps per (query, key) pair
+    _check_numbers([LH * (len(s) ** 2 + len(o) ** 2 + len(o) * len(s)) for s, o in pairs])
     model.eval()
     device = next(model.parameters()).device
-    with tracing() as trace:  # the maps come from the taps, as in `aiayn explain`
-        model(src_BS.to(device), tgt_in_BT.to(device))
-    maps = AttentionMaps.from_trace(trace)
-    maps = AttentionMaps(  # pictures are drawn on the CPU
-        *([m.cpu() for m in kind] for kind in (maps.enc_self, maps.dec_self, maps.cross))
-    )
-    examples = examples_from_maps(tok, src_BS, tgt_in_BT, tgt_out_BT, maps)
-    for ex, (_, out) in zip(examples, pairs, strict=True):
+    examples = []
+    for src, out in pairs:  # one at a time: a batch's padded maps grow with its longest sentence
+        src_BS, tgt_in_BT, tgt_out_BT = (
+            torch.tensor([ids]) for ids in (src, [tok.bos_id, *out[:-1]], out)
+        )
+        with tracing() as trace:  # the maps come from the taps, as in `aiayn explain`
+            model(src_BS.to(device), tgt_in_BT.to(device))
+        maps = AttentionMaps.from_trace(trace)
+        maps = AttentionMaps(  # pictures are drawn on the CPU
+            *([m.cpu() for m in kind] for kind in (maps.enc_self, maps.dec_self, maps.cross))
+        )
+        (ex,) = examples_from_maps(tok, src_BS, tgt_in_BT, tgt_out_BT, maps)
         ex.translation = tok.decode(out)
+        examples.append(ex)
     return examples
 
 
@@ -144,17 +155,34 @@ def attention_for_inputs(
     The weights are recorded by `tracing()` from the model's own forward pass.
     """
     kind = "enc_self" if isinstance(model, EncoderClassifier) else "lm_self"
+    _check_count(sentences)
     ids = [tok.encode(s, bos=kind == "lm_self") for s in sentences]
-    ids_BS = pad_rows(ids, tok.pad_id)
+    _check_numbers([model.cfg.n_layers * model.cfg.n_heads * len(row) ** 2 for row in ids])
     model.eval()
-    with tracing() as rec:
-        model(ids_BS.to(next(model.parameters()).device))
-    maps = [w.cpu() for name, w in rec.tensors.items() if name.endswith(".self_attn.weights")]
-    return [
-        AttentionExample(tok.pieces(row), [], [], {kind: [m[b, :, : len(row), : len(row)]
-                                                          for m in maps]})
-        for b, row in enumerate(ids)
-    ]  # fmt: skip
+    examples = []
+    for row in ids:  # one at a time, as for translations: no padded maps
+        with tracing() as rec:
+            model(torch.tensor([row], device=next(model.parameters()).device))
+        maps = [w[0].cpu() for k, w in rec.tensors.items() if k.endswith(".self_attn.weights")]
+        examples.append(AttentionExample(tok.pieces(row), [], [], {kind: maps}))
+    return examples
+
+
+def _check_count(sentences: list[str]) -> None:
+    if len(sentences) > MAX_SENTENCES:
+        raise AiaynError(f"{len(sentences):,} sentences; attention pictures are drawn for at "
+                         f"most {MAX_SENTENCES} at a time (each gets its own figures)")  # fmt: skip
+
+
+def _check_numbers(per_sentence: list[int]) -> None:
+    """Refuse maps past MAX_NUMBERS before they are recorded (their length^2 grows fast)."""
+    if sum(per_sentence) > MAX_NUMBERS:
+        worst = max(range(len(per_sentence)), key=per_sentence.__getitem__)
+        raise AiaynError(
+            f"the attention maps would hold {sum(per_sentence):,} weights (sentence {worst + 1}: "
+            f"{per_sentence[worst]:,}), more than the {MAX_NUMBERS:,} pictures are drawn from; "
+            "give fewer or shorter sentences (`aiayn explain` prints a long one's numbers)"
+        )
 
 
 def attention_for_model(
@@ -186,8 +214,14 @@ def plot_attention_grid(
         axis_names: what the rows (queries) and columns (keys) are, for the axis labels.
     """
     L, H = len(maps_L), maps_L[0].size(0)
-    cell = max(1.8, 0.22 * max(len(rows), len(cols)) + 0.9)
-    fig = Figure(figsize=(cell * (H + 1), cell * L + 0.8), layout="constrained")
+    # 0.22 inch a label reads well, and a panel is as wide as its keys and as tall as its
+    # queries. A long sentence shrinks the cells to keep the figure (its canvas is width x height
+    # pixels in memory) within MAX_GRID_INCHES a side, and then every `every`-th label is shown.
+    w, h = (0.22 * len(labels) + 0.9 for labels in (cols, rows))
+    shrink = min(1.0, MAX_GRID_INCHES / (w * (H + 1)), MAX_GRID_INCHES / (h * L + 0.8))
+    w, h = (max(1.8, side * shrink) for side in (w, h))  # room for a panel's title
+    every = max(1, math.ceil(LABEL_INCHES / (0.8 * shrink * 0.22)))
+    fig = Figure(figsize=(w * (H + 1), h * L + 0.8), layout="constrained")
     fig.suptitle(title)
     axes = fig.subplots(L, H + 1, squeeze=False)
     vmax = max(float(m.max()) for m in maps_L) or 1.0
@@ -199,8 +233,8 @@ def plot_attention_grid(
             image = ax.imshow(w_TS.float().numpy(), cmap="viridis", vmin=0.0, vmax=vmax)
             ax.set_title(f"layer {layer} · " + (f"head {h + 1}" if h < H else "mean of heads"),
                          fontsize=8)  # fmt: skip
-            ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=6)
-            ax.set_yticks(range(len(rows)), rows, fontsize=6)
+            ax.set_xticks(range(0, len(cols), every), cols[::every], rotation=90, fontsize=6)
+            ax.set_yticks(range(0, len(rows), every), rows[::every], fontsize=6)
     assert image is not None  # maps_L holds at least one layer
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
     fig.supylabel(axis_names[0] or "query")
@@ -220,8 +254,9 @@ def plot_attention_average(ex: AttentionExample, title: str) -> Figure:
         ax.set_title(f"{KINDS[kind]}\nmean over layers and heads", fontsize=9)
         ax.set_ylabel(AXES[kind][0], fontsize=8)
         ax.set_xlabel(AXES[kind][1], fontsize=8)
-        ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
-        ax.set_yticks(range(len(rows)), rows, fontsize=7)
+        every = max(1, math.ceil(LABEL_INCHES * max(len(rows), len(cols)) / 3.5))  # 3.5 in wide
+        ax.set_xticks(range(0, len(cols), every), cols[::every], rotation=90, fontsize=7)
+        ax.set_yticks(range(0, len(rows), every), rows[::every], fontsize=7)
         fig.colorbar(image, ax=ax, shrink=0.7)
     return fig
 
