@@ -599,6 +599,28 @@ def test_cli_explain_bad_input_is_one_line(model_dir, capsys):
     assert "sentence" in capsys.readouterr().err
 
 
+def test_cli_explain_records_only_its_view_and_is_bounded(model_dir, capsys):
+    """A 1,000-token sentence held 13 GB and printed 2 GB for 13 minutes; the trace is now
+    bounded (--max-trace-numbers) and what --layers/--heads/--steps leave out is not recorded
+    (the narrowed run fits a budget the whole trace does not, and prints the same text)."""
+    from aiayn.glassbox.report import trace_sentence
+    from aiayn.translate.translator import saved_decode_config
+
+    narrow = ("--max-len", "3", "--layers", "1", "--heads", "2", "--steps", "1")
+    model, tok = load_model_dir(model_dir), Tokenizer.load(model_dir)
+    full = trace_sentence(model, tok, SENTENCE, saved_decode_config(model_dir), max_len=3)
+    whole = sum(e.value.numel() for e in full.entries.values())
+    budget = whole // 2  # the narrowed view holds ~40% (every step's logits stay)
+    assert explain_cli(model_dir, *narrow, "--max-trace-numbers", str(budget)) == 0
+    view = View((1,), (2,), (1,), 8, 4)
+    assert capsys.readouterr().out == to_text(full, view)
+    assert explain_cli(model_dir, "--max-len", "3", "--max-trace-numbers", str(budget)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"more than {budget:,} numbers: show less with" in err
+    assert explain_cli(model_dir, "--max-trace-numbers", "0") == 2
+    assert "--max-trace-numbers must be in [1," in capsys.readouterr().err
+
+
 def test_a_source_over_max_len_is_cut_as_translate_cuts_it(loaded, caplog):
     model, tok = loaded
     long = " ".join([SENTENCE] * 200)  # far more tokens than the positional table

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiayn.errors import AiaynError
 
+MAX_FLAG = 2**31 - 1  # the most any count or number of seconds may be (a signed 32-bit int)
+
 if TYPE_CHECKING:  # imported lazily at run time: `aiayn --help` stays fast
     from aiayn.config import DecodeConfig
     from aiayn.translate.translator import Translator

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from aiayn.cli.flags import (
+    MAX_FLAG,
     add_device_flag,
     add_sampling_flags,
     given_search_settings,
@@ -41,9 +42,16 @@ def add_explain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-len", type=int, help="no EOS before this many tokens (default 0)")
     p.add_argument("--beam", type=int, default=0, help="also trace beam search of this size")
     p.add_argument("--alpha", type=float, help="length penalty α (default: the model's, or 0.6)")
+    p.add_argument("--max-trace-numbers", type=int, default=MAX_TRACE_NUMBERS,
+                   help="most numbers the trace may hold (default %(default)s: ~400 MB; a "
+                        "paper_base model explains ~120 tokens in and out in full)")  # fmt: skip
     add_sampling_flags(p, "--sample-top-k", "trace sampling instead of greedy")
     add_device_flag(p)
 
+
+# A trace grows with source x output length x layers (a 1,000-token sentence on a 2-layer model
+# held 13 GB and printed 2 GB); what --layers/--heads/--steps leave out is never recorded.
+MAX_TRACE_NUMBERS = 100_000_000
 
 _EXPLAIN_SEARCH_FLAGS = {  # DecodeConfig field -> argparse dest
     "alpha": "alpha", "min_len": "min_len", "temperature": "temperature",
@@ -55,6 +63,7 @@ def run_explain(args: argparse.Namespace) -> int:
     from aiayn.glassbox.render import View, parse_indices
     from aiayn.glassbox.report import explain_report
     from aiayn.glassbox.seed import seed_example_json, seed_example_text
+    from aiayn.nn.tracing import TraceTooLargeError
 
     if args.seed_example:
         if args.format == "html":
@@ -75,9 +84,19 @@ def run_explain(args: argparse.Namespace) -> int:
             args.precision,
         )
         overrides = given_search_settings(args, _EXPLAIN_SEARCH_FLAGS)
-        report = explain_report(str(args.model), args.sentence, fmt=args.format, view=view,
-                                top_k=args.top_k, max_len=args.max_len, beam=args.beam,
-                                device=args.device, overrides=overrides)  # fmt: skip
+        if not 1 <= args.max_trace_numbers <= MAX_FLAG:
+            raise AiaynError(f"--max-trace-numbers must be in [1, {MAX_FLAG:,}]")
+        try:
+            report = explain_report(str(args.model), args.sentence, fmt=args.format, view=view,
+                                    top_k=args.top_k, max_len=args.max_len, beam=args.beam,
+                                    device=args.device, overrides=overrides,
+                                    max_numel=args.max_trace_numbers)  # fmt: skip
+        except TraceTooLargeError:
+            raise AiaynError(
+                f"the trace would hold more than {args.max_trace_numbers:,} numbers: show less "
+                "with --layers, --heads or --steps, shorten the sentence or --max-len, or raise "
+                "--max-trace-numbers"
+            ) from None
     if args.out:
         from aiayn.atomic import atomic_write_text
 

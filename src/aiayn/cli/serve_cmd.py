@@ -6,10 +6,9 @@ import argparse
 import os
 from pathlib import Path
 
-from aiayn.cli.flags import add_device_flag, add_dtype_flag
+from aiayn.cli.flags import MAX_FLAG, add_device_flag, add_dtype_flag
 from aiayn.errors import AiaynError
 
-MAX_FLAG = 2**31 - 1  # the most any count or number of seconds may be (a signed 32-bit int)
 MAX_WINDOW_MS = 10_000  # a longer wait to gather requests only delays every one of them
 
 

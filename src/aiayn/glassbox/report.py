@@ -78,16 +78,20 @@ def explain_report(
     beam: int = 0,
     device: str = "auto",
     overrides: dict[str, object] | None = None,
+    max_numel: int | None = None,
 ) -> str:
     """What `aiayn explain` prints: load the model directory onto `device`, trace it with
     `trace_sentence` and the model's saved `[decode]` table (as `aiayn translate` uses), render
-    as `fmt` (numbers are computed in fp32 wherever the model runs)."""
+    as `fmt` (numbers are computed in fp32 wherever the model runs).
+
+    Only what `view` shows is recorded (the rest would be copied and never printed), and at
+    most `max_numel` numbers (`TraceTooLargeError` past it)."""
     cfg = saved_decode_config(model_dir)
     trace_settings(cfg, top_k, max_len, beam, overrides)  # bad settings fail before the load
     model = load_model_dir(model_dir, resolve_device(device), expect=Transformer)
     tok = Tokenizer.load(model_dir)
-    trace = trace_sentence(
-        model, tok, sentence, cfg, top_k=top_k, max_len=max_len, beam=beam, overrides=overrides
-    )
+    trace = trace_sentence(model, tok, sentence, cfg, top_k=top_k, max_len=max_len, beam=beam,
+                           overrides=overrides, want=view.shows if view else None,
+                           max_numel=max_numel)  # fmt: skip
     render = {"text": to_text, "json": to_json_text, "html": to_html}[fmt]
     return render(trace, view)
