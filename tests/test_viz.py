@@ -146,6 +146,10 @@ def test_attend_is_bounded_before_the_work(model_dir, tmp_path, capsys):
     assert err.count("\n") == 1 and "more than the 5,000,000 pictures are drawn from" in err
     assert main([*argv, *(["a dog"] * (viz.MAX_SENTENCES + 1))]) == 2
     assert f"at most {viz.MAX_SENTENCES} at a time" in capsys.readouterr().err
+    many = tmp_path / "many.txt"  # read only as far as the bound: not held whole
+    many.write_text("a dog\n" * 100_000 + "caf\xe9\n", encoding="latin-1")
+    assert main([*argv, "--input", str(many)]) == 2
+    assert f"more than {viz.MAX_SENTENCES} sentences" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
     model, tok = load_model_dir(model_dir), Tokenizer.load(model_dir)
     (ex,) = attention_for_translations(model, tok, [" ".join(["cat"] * 600)], max_len=2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -123,12 +124,17 @@ def add_attend(sub: argparse._SubParsersAction) -> None:
 
 def run_attend(args: argparse.Namespace) -> int:
     from aiayn.atomic import atomic_write_text
-    from aiayn.glassbox.viz import attention_figures, attention_for_model, write_figure
+    from aiayn.glassbox.viz import (
+        MAX_SENTENCES,
+        attention_figures,
+        attention_for_model,
+        write_figure,
+    )
     from aiayn.glassbox.viz_html import attention_page
     from aiayn.runtime.device import resolve_device
     from aiayn.store.model_dir import load_model_dir
+    from aiayn.text.corpus import read_lines
     from aiayn.text.tokenizer import Tokenizer
-    from aiayn.translate.translator import read_file_lines
 
     # --out must be (or become) a directory: say so now, not after the model has run.
     existing = next(p for p in (args.out, *args.out.parents) if p.exists())
@@ -141,8 +147,10 @@ def run_attend(args: argparse.Namespace) -> int:
         raise AiaynError(f"--out {args.out}: {existing} is a file, not a directory")
     refuse_export_dir(args.model, "attend")
     sentences = list(args.sentences)
-    if args.input:
-        sentences += [s for s in read_file_lines(args.input) if s.strip()]  # UTF-8, checked
+    if args.input:  # UTF-8, checked; read no further than one sentence past the bound
+        with args.input.open("rb") as f:
+            given = (s for s in read_lines(f, str(args.input)) if s.strip())
+            sentences += itertools.islice(given, MAX_SENTENCES + 1)
     if not sentences:
         raise AiaynError("give at least one sentence (or --input FILE)")
     device = resolve_device(args.device)

@@ -170,8 +170,10 @@ def attention_for_inputs(
 
 def _check_count(sentences: list[str]) -> None:
     if len(sentences) > MAX_SENTENCES:
-        raise AiaynError(f"{len(sentences):,} sentences; attention pictures are drawn for at "
-                         f"most {MAX_SENTENCES} at a time (each gets its own figures)")  # fmt: skip
+        raise AiaynError(
+            f"more than {MAX_SENTENCES} sentences; attention pictures are drawn for at most "
+            f"{MAX_SENTENCES} at a time (each gets its own figures)"
+        )
 
 
 def _check_numbers(per_sentence: list[int]) -> None:
