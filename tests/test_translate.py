@@ -20,6 +20,7 @@ from aiayn.cli.main import main
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import DataError
 from aiayn.nn.model import Transformer
+from aiayn.search.settings import search_rows
 from aiayn.store.model_dir import save_model_dir
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.translate.metrics import bleu, bleu_by_source_length, chrf, exact_match
@@ -77,6 +78,38 @@ def test_token_budget_batches() -> None:
     assert batches[0] == [6]  # longer than the budget: a batch of its own
     for b in batches:
         assert len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 20
+
+
+def test_a_wide_beam_is_batched_by_its_rows(
+    translator: Translator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The token budget counts source tokens: beam 400 over 2,048 of them made batches of
+    ~40,000 search rows (16 GB on a 500-word model). A batch holds at most MAX_BATCH_ROWS rows
+    (sentences x beam, or x samples), with the same translations as one batch of all."""
+    assert token_budget_batches([2] * 10, 1000, max_count=3) == [[0, 1, 2], [3, 4, 5],
+                                                                 [6, 7, 8], [9]]  # fmt: skip
+    import aiayn.translate.translator as tr
+
+    rows: list[int] = []
+    real = tr.search
+
+    def spy(model, src_BS, cfg, **kw):  # the real search, its batches' rows noted
+        rows.append(src_BS.size(0) * search_rows(cfg))
+        return real(model, src_BS, cfg, **kw)
+
+    def texts(cfg: DecodeConfig, max_rows: int) -> list[list[str]]:
+        monkeypatch.setattr(tr, "MAX_BATCH_ROWS", max_rows)
+        rows.clear()
+        return [[h.text for h in r] for r in translator.translate_hyps(lines, cfg)]
+
+    monkeypatch.setattr(tr, "search", spy)
+    lines = corpus(30, seed=4)
+    for settings in (dict(beam=8, nbest=2), dict(sample=True, nbest=5), dict(beam=1)):
+        cfg = translator.settings(**settings)  # type: ignore[arg-type]
+        whole = texts(cfg, 10_000)  # one batch of all 30 sentences
+        assert rows == [len(lines) * search_rows(cfg)]
+        assert texts(cfg, 40) == whole, settings  # the rule, at this model's small scale
+        assert max(rows) <= 40 and sum(rows) == len(lines) * search_rows(cfg), settings
 
 
 def test_long_line_is_truncated_with_warning(

@@ -40,6 +40,11 @@ def max_output_lengths(src_len_B: Tensor, a: float, b: int, cap: int) -> Tensor:
     return (src_len_B.double() * a + b).floor().long().clamp(1, cap)
 
 
+def search_rows(cfg: DecodeConfig) -> int:
+    """The rows one sentence takes in the search: its beams, its samples, or one (greedy)."""
+    return cfg.nbest if cfg.sample else cfg.beam_size
+
+
 def output_cap(cfg: DecodeConfig, model_max_len: int) -> int:
     """The most output tokens any sentence may get: the model's positional table, or
     `cfg.max_tokens` when that is smaller."""

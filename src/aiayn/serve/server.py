@@ -28,6 +28,7 @@ from aiayn.glassbox.render import View, to_json
 from aiayn.glassbox.report import trace_sentence, trace_settings
 from aiayn.interop.export_dir import export_engine, export_source
 from aiayn.nn.tracing import TraceTooLargeError
+from aiayn.search.settings import search_rows
 from aiayn.serve.batcher import Batcher
 from aiayn.serve.guard import Metrics, allowed_hosts, media_type
 from aiayn.serve.jobs import ClosedError, ExpiredError, Job, QueueFullError
@@ -228,7 +229,7 @@ class Server:
         if n_alt:
             beam = max(cfg.beam_size, n_alt + 1)
             cfg = dataclasses.replace(cfg, beam_size=beam, nbest=n_alt + 1, sample=False)
-        check_sizes(lines, self.limits, cfg.nbest if cfg.sample else cfg.beam_size)
+        check_sizes(lines, self.limits, search_rows(cfg))
         results = await self.translate(request, lines, cfg)
         out, alts, start = [], [], 0
         for parts in split:
@@ -259,7 +260,7 @@ class Server:
             cfg = self.translator.settings(**given)
         except AiaynError as e:
             raise ApiError(422, str(e)) from None
-        check_sizes(items, self.limits, cfg.nbest if cfg.sample else cfg.beam_size)
+        check_sizes(items, self.limits, search_rows(cfg))
         results = await self.translate(request, items, cfg)
         translations = [{"text": r[0].text, "hypotheses": [_hypothesis(t) for t in r]}
                         for r in results]  # fmt: skip

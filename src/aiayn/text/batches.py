@@ -149,15 +149,19 @@ def batch_plan(
     return batches
 
 
-def cut_batches(order: Sequence[int], sizes: Sequence[int], max_tokens: int) -> list[list[int]]:
+def cut_batches(
+    order: Sequence[int], sizes: Sequence[int], max_tokens: int, max_count: int | None = None
+) -> list[list[int]]:
     """`order` cut into consecutive batches whose padded size, count x the largest size, is at
-    most `max_tokens` (one item larger than that gets a batch of its own). The one token-budget
-    rule of training (`batch_plan`) and translation (`translate.token_budget_batches`)."""
+    most `max_tokens` (one item larger than that gets a batch of its own), and of at most
+    `max_count` items when given. The one token-budget rule of training (`batch_plan`) and
+    translation (`translate.token_budget_batches`)."""
     batches: list[list[int]] = []
     cur: list[int] = []
     cur_len = 0
     for i in order:
-        if cur and (len(cur) + 1) * max(cur_len, sizes[i]) > max_tokens:
+        full = max_count is not None and len(cur) >= max_count
+        if cur and (full or (len(cur) + 1) * max(cur_len, sizes[i]) > max_tokens):
             batches.append(cur)
             cur, cur_len = [], 0
         cur.append(i)

@@ -27,7 +27,7 @@ from aiayn.nn.model import Transformer
 from aiayn.runtime.device import Precision, choose_precision, resolve_device
 from aiayn.runtime.progress import progress as progress_bar
 from aiayn.search.decode import search
-from aiayn.search.settings import Hypothesis, check_decode_config, sample_seed
+from aiayn.search.settings import Hypothesis, check_decode_config, sample_seed, search_rows
 from aiayn.store.model_dir import load_model_dir
 from aiayn.text.batches import cut_batches, pad_rows
 from aiayn.text.corpus import read_lines
@@ -75,11 +75,20 @@ def saved_decode_config(directory: str | Path) -> DecodeConfig:
 # --- batching -------------------------------------------------------------------------------------
 
 
-def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+# A batch's search rows (sentences x beam or samples) at most: the token budget counts source
+# tokens, and beam 400 on 2,048 of them (~40,000 rows of caches and logits) took 16 GB for a
+# 500-word model. Beam 5 on Multi30k's ~15-token sentences (~680 rows) is not cut.
+MAX_BATCH_ROWS = 1024
+
+
+def token_budget_batches(
+    lengths: Sequence[int], max_tokens: int, max_count: int | None = None
+) -> list[list[int]]:
     """Indices grouped into batches of similar length, longest first, each with at most
-    `max_tokens` tokens counting padding (a single longer sentence gets a batch of its own)."""
+    `max_tokens` tokens counting padding (a single longer sentence gets a batch of its own)
+    and at most `max_count` sentences."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return cut_batches(order, lengths, max_tokens)
+    return cut_batches(order, lengths, max_tokens, max_count)
 
 
 class Translator:
@@ -184,7 +193,8 @@ class Translator:
         """The hypotheses of each encoded line, in order: token-budget batches through
         `aiayn.search.decode` (an exported model's translator replaces only this)."""
         found: list[list[Hypothesis]] = [[] for _ in ids]
-        for batch in token_budget_batches([len(x) for x in ids], batch_tokens):
+        per_batch = max(1, MAX_BATCH_ROWS // search_rows(cfg))
+        for batch in token_budget_batches([len(x) for x in ids], batch_tokens, per_batch):
             src_BS = self.pad([ids[j] for j in batch])
             # Each sentence samples from its own stream, seeded by its line number, so batching
             # and buffering do not change what it draws.
