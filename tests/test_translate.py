@@ -231,6 +231,9 @@ def bad_runs(model_dir: Path, tmp_path: Path) -> list[tuple[list[str], str]]:
         (["translate", "--model", str(model_dir), "--nbest", "9"], "cannot exceed the beam"),
         (["translate", "--model", str(model_dir), "--input", str(fine), "--beam", "321"],
          "beam size 321 exceeds the model's vocabulary of 320 tokens"),
+        # 100,000 samples of one word held 8.9 GB: a sentence's rows are bounded (MAX_ROWS)
+        (["translate", "--model", str(model_dir), "--input", str(fine), "--sample", "--nbest",
+          "100000"], "nbest (samples) 100,000 is more than 1,024: each is a row"),
         (["translate", "--model", str(model_dir), "--threads", "-1"], "--threads=-1: give 0"),
         (["translate", "--model", str(model_dir), "--threads", str(2**64)], "up to 4096"),
         (["translate", "--model", str(model_dir), "--buffer-size", "-1"], "must be >= 0"),

@@ -18,6 +18,9 @@ from aiayn.errors import ConfigError
 # published setting goes beyond 2 (fairseq, Marian, GNMT use 0.6-1.4).
 MAX_ALPHA = 10.0
 MAX_LENGTH = 2**31 - 1  # token counts in settings: more than any positional table holds
+# One sentence's rows (beams, or samples) at most: `--sample --nbest 100000` held 8.9 GB for
+# one word of the quick start model. Beams of 4-10 are usual; a thousand samples feed MBR.
+MAX_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,11 @@ def check_decode_config(cfg: DecodeConfig, vocab_size: int = 0) -> None:
         raise ConfigError(f"beam size must be at least 1, got {cfg.beam_size}")
     if cfg.nbest < 1:
         raise ConfigError(f"nbest must be at least 1, got {cfg.nbest}")
+    if search_rows(cfg) > MAX_ROWS:
+        raise ConfigError(
+            f"{'nbest (samples)' if cfg.sample else 'beam size'} {search_rows(cfg):,} is more "
+            f"than {MAX_ROWS:,}: each is a row of the search, with its own caches and logits"
+        )
     if not cfg.sample and cfg.nbest > cfg.beam_size:
         raise ConfigError(f"nbest={cfg.nbest} cannot exceed the beam size {cfg.beam_size}")
     if vocab_size and not cfg.sample and cfg.beam_size > vocab_size:

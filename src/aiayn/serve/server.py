@@ -28,7 +28,7 @@ from aiayn.glassbox.render import View, to_json
 from aiayn.glassbox.report import trace_sentence, trace_settings
 from aiayn.interop.export_dir import export_engine, export_source
 from aiayn.nn.tracing import TraceTooLargeError
-from aiayn.search.settings import search_rows
+from aiayn.search.settings import MAX_ROWS, search_rows
 from aiayn.serve.batcher import Batcher
 from aiayn.serve.guard import Metrics, allowed_hosts, media_type
 from aiayn.serve.jobs import ClosedError, ExpiredError, Job, QueueFullError
@@ -96,6 +96,8 @@ class Server:
         if self.limits.max_beam > cfg.vocab_size:  # a request could ask for more beams than tokens
             raise AiaynError(f"--max-beam {self.limits.max_beam} exceeds the model's vocabulary "
                              f"of {cfg.vocab_size} tokens")  # fmt: skip
+        if self.limits.max_beam > MAX_ROWS:  # nor more beams or samples than a search takes
+            raise AiaynError(f"--max-beam {self.limits.max_beam} is more than {MAX_ROWS:,}")
         self.models = request_models(self.limits, self.languages, cfg.n_layers, cfg.n_heads)
         self.batcher = Batcher(
             translator, window_s=opts.window_ms / 1000, batch_tokens=opts.batch_tokens,

@@ -27,7 +27,13 @@ from aiayn.nn.model import Transformer
 from aiayn.runtime.device import Precision, choose_precision, resolve_device
 from aiayn.runtime.progress import progress as progress_bar
 from aiayn.search.decode import search
-from aiayn.search.settings import Hypothesis, check_decode_config, sample_seed, search_rows
+from aiayn.search.settings import (
+    MAX_ROWS,
+    Hypothesis,
+    check_decode_config,
+    sample_seed,
+    search_rows,
+)
 from aiayn.store.model_dir import load_model_dir
 from aiayn.text.batches import cut_batches, pad_rows
 from aiayn.text.corpus import read_lines
@@ -78,7 +84,7 @@ def saved_decode_config(directory: str | Path) -> DecodeConfig:
 # A batch's search rows (sentences x beam or samples) at most: the token budget counts source
 # tokens, and beam 400 on 2,048 of them (~40,000 rows of caches and logits) took 16 GB for a
 # 500-word model. Beam 5 on Multi30k's ~15-token sentences (~680 rows) is not cut.
-MAX_BATCH_ROWS = 1024
+MAX_BATCH_ROWS = MAX_ROWS  # one sentence's widest search fills a batch
 
 
 def token_budget_batches(
