@@ -54,8 +54,8 @@ def examples(model_dir):
 # --- attention maps -------------------------------------------------------------------------------
 
 
-def test_batched_maps_equal_one_sentence_at_a_time(model_dir, examples):
-    """Padding is stripped per sentence: a batch gives each sentence its own unpadded maps."""
+def test_several_sentences_maps_equal_one_sentence_at_a_time(model_dir, examples):
+    """Each sentence of several gets the unpadded maps it gets alone."""
     model, tok = load_model_dir(model_dir), Tokenizer.load(model_dir)
     for sentence, ex in zip(SENTENCES, examples, strict=True):
         (alone,) = attention_for_translations(model, tok, [sentence], max_len=6)
