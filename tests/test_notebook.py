@@ -130,6 +130,13 @@ def test_matrix_and_seed_example_views():
     page = MatrixView(x, ["a", "b"], ["k0", "k1"], title="x")._repr_html_()
     assert_self_contained(page)
     assert cells(page)["x"] == {(0, 0): "1.0", (0, 1): "-2.0", (1, 0): "-inf", (1, 1): "0.5"}
+    # the first max_rows x max_cols cells are drawn: 300 x 500 was 150,000 SVG elements
+    big = MatrixView(torch.randn(300, 500), title="big")._repr_html_()
+    assert "[300 × 500, the first 256 × 256 drawn]" in big
+    assert len(cells(big)["big"]) == 256 * 256
+    assert max(cells(big)["big"]) == (255, 255)
+    with pytest.raises(ValueError, match="max_rows and max_cols must be at least 1"):
+        MatrixView(x, max_cols=0)
     seed = SeedExampleView()._repr_html_()
     assert_self_contained(seed)
     labels = re.findall(r'<table data-label="([^"]+)">', seed)

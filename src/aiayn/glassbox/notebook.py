@@ -90,13 +90,19 @@ def _check_place(ex: Explanation, layer: int, head: int | str, *, source: int | 
 
 
 class MatrixView:
-    """A 1-D or 2-D tensor as a heat map with row and column labels (values on hover)."""
+    """A 1-D or 2-D tensor as a heat map with row and column labels (values on hover).
+
+    At most `max_rows` x `max_cols` cells are drawn, the first ones (a cell is an SVG element:
+    an FFN's 1,000 x 2,048 hidden layer would be two million of them); the title says so.
+    """
 
     def __init__(self, value: Tensor, rows: Sequence[str] | None = None,
                  cols: Sequence[str] | None = None, title: str = "", unit: bool = False,
-                 name: str = "") -> None:  # fmt: skip
+                 name: str = "", max_rows: int = 256, max_cols: int = 256) -> None:  # fmt: skip
         if value.dim() not in (1, 2):
             raise ValueError(f"a 1-D or 2-D tensor is drawn, got shape {tuple(value.shape)}")
+        if min(max_rows, max_cols) < 1:
+            raise ValueError(f"max_rows and max_cols must be at least 1: {max_rows}, {max_cols}")
         self.value = value[None] if value.dim() == 1 else value
         n_rows, n_cols = self.value.shape
         self.rows = list(rows) if rows is not None else [str(i) for i in range(n_rows)]
@@ -105,24 +111,28 @@ class MatrixView:
             raise ValueError(f"{len(self.rows)} row and {len(self.cols)} column labels for a "
                              f"{n_rows} x {n_cols} tensor")  # fmt: skip
         self.title, self.unit, self.name = title, unit, name or title
+        self.max_rows, self.max_cols = max_rows, max_cols
 
     def _repr_html_(self) -> str:
-        size = 22 if self.value.size(1) <= 24 else 10
+        shape = " × ".join(map(str, self.value.shape))
+        shown = self.value[: self.max_rows, : self.max_cols]
+        if shown.shape != self.value.shape:
+            shape += f", the first {shown.size(0)} × {shown.size(1)} drawn"
+        size = 22 if shown.size(1) <= 24 else 10
         left = 10 + 7 * max(len(s) for s in self.rows)
-        top = 10 + 6 * max(len(s) for s in self.cols) if self.value.size(1) <= 24 else 10
+        top = 10 + 6 * max(len(s) for s in self.cols) if size > 10 else 10
         parts = []
-        for j, c in enumerate(self.cols if size > 10 else []):
+        for j, c in enumerate(self.cols[: shown.size(1)] if size > 10 else []):
             x = left + j * size + size * 0.6
             parts.append(f'<text x="{x}" y="{top - 4}" transform="rotate(-60 {x} {top - 4})">'
                          f"{esc(c)}</text>")  # fmt: skip
-        for i, row in enumerate(self.value):
+        for i, row in enumerate(shown):
             y = top + i * size
             parts.append(f'<text x="{left - 4}" y="{y + size * 0.7}" text-anchor="end">'
                          f"{esc(self.rows[i])}</text>")  # fmt: skip
             parts += _cells(_values(row), left, y, self.name, i, self.cols, self.unit, size)
-        width = left + size * self.value.size(1) + 10
-        svg = _svg(parts, width, top + size * self.value.size(0) + 4)
-        shape = " × ".join(map(str, self.value.shape))
+        width = left + size * shown.size(1) + 10
+        svg = _svg(parts, width, top + size * shown.size(0) + 4)
         return f'<div class="aiayn-nb">{_STYLE}<h4>{esc(self.title)} [{shape}]</h4>{svg}</div>'
 
 
