@@ -471,6 +471,18 @@ def test_cli_train_runs_and_bad_input_is_one_line(corpus, tmp_path, capsys):
     assert main([*base, *sets, "--set", f"train.out_dir={tmp_path / 'y'}", *no_bleu]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "needs train.bleu_samples >= 1" in err
+    # 361 billion parameters: torch's allocation traceback after the tokenizer and the held-out
+    # files were written; now one line, sized on the meta device, before anything is written
+    huge = ["--set", "model.d_model=65536", "--set", "model.d_ff=262144"]
+    assert main([*base, *sets, "--set", f"train.out_dir={tmp_path / 'z'}", *huge]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "parameters: training holds at least 16 bytes each" in err
+    assert not (tmp_path / "z").exists()
+    # train.max_len past the positional table: refused before the tokenizer is trained too
+    long = ["--set", "train.max_len=100000"]
+    assert main([*base, *sets, "--set", f"train.out_dir={tmp_path / 'w'}", *long]) == 2
+    assert "exceeds model.max_len" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
 
 
 def test_kill_9_during_frequent_saves_leaves_a_resumable_run(corpus, tmp_path):

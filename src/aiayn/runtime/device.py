@@ -169,3 +169,14 @@ def set_threads(n: int, name: str = "--threads") -> None:
     check_threads(n, name)
     if n:
         torch.set_num_threads(n)
+
+
+def total_memory(device: torch.device) -> int | None:
+    """Bytes of memory `device` has in all: a GPU's own, or the machine's RAM for the CPU (and
+    for Apple's unified memory); None where it cannot be told."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows), or no such name
+        return None

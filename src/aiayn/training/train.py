@@ -25,10 +25,10 @@ import torch
 import torch.distributed as dist
 
 from aiayn.atomic import atomic_write_json, atomic_write_text
-from aiayn.config import RUN_CONFIG_FILE, Config, TrainConfig, to_dict
+from aiayn.config import RUN_CONFIG_FILE, Config, ModelConfig, TrainConfig, to_dict
 from aiayn.errors import ConfigError
 from aiayn.nn.model import Transformer
-from aiayn.runtime.device import check_threads, choose_precision, set_threads
+from aiayn.runtime.device import check_threads, choose_precision, set_threads, total_memory
 from aiayn.runtime.distributed import Dist, init_distributed, stop_on_signals
 from aiayn.runtime.progress import interactive
 from aiayn.store.model_dir import load_model_config, load_model_dir
@@ -175,6 +175,28 @@ def check_recipe(tc: TrainConfig) -> None:
         )
 
 
+# What training holds per parameter at the least: fp32 weights, gradients and Adam's two
+# moments (activations come on top). A model past the device's memory by this count alone
+# cannot train: say so before anything is written (it was torch's allocation traceback).
+TRAIN_BYTES_PER_PARAM = 16
+
+
+def check_model_fits(model_cfg: ModelConfig, device: torch.device, copies: int = 1) -> None:
+    """Refuse a model whose parameters alone, `copies` times (CPU ranks share the machine's
+    memory), need more than `device` has; sized on the meta device, so nothing is allocated."""
+    with torch.device("meta"):
+        n = sum(p.numel() for p in Transformer(model_cfg).parameters())
+    need, have = n * TRAIN_BYTES_PER_PARAM * copies, total_memory(device)
+    if have is not None and need > have:
+        per = f" x {copies} processes" if copies > 1 else ""
+        raise ConfigError(
+            f"the model has {n:,} parameters: training holds at least {TRAIN_BYTES_PER_PARAM} "
+            f"bytes each{per} (weights, gradients, Adam's moments), {need / 2**30:,.1f} GiB, and "
+            f"{device.type} has {have / 2**30:,.1f} GiB; choose a smaller model "
+            "(model.d_model, d_ff, n_layers) or train.vocab_size"
+        )
+
+
 def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[Run, torch.nn.Module]:
     """Everything before the first step: checks, tokenizer, data, model, optimizer, resume.
 
@@ -187,6 +209,11 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[Run, torch.nn.Mo
     if tc.init_from:  # continued training: the architecture and vocabulary are the model's
         cfg = dataclasses.replace(cfg, model=load_model_config(tc.init_from))
         tokenizer = Tokenizer.load(tc.init_from)
+    if tc.max_len > cfg.model.max_len:
+        raise ConfigError(f"train.max_len={tc.max_len} exceeds model.max_len={cfg.model.max_len}")
+    vocab = tokenizer.vocab_size if tokenizer is not None else tc.vocab_size  # at most
+    copies = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if d.device.type == "cpu" else 1
+    check_model_fits(dataclasses.replace(cfg.model, vocab_size=vocab), d.device, copies)
     heldout = _hold_out(tc, out, d) if tc.src and not tc.valid_src else None
     tok = prepare_tokenizer(cfg, out, resume, tokenizer, d, heldout)
     if heldout is not None and d.main and resume is None:
@@ -197,8 +224,6 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[Run, torch.nn.Mo
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(  # the vocabulary's size and ids
         cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id,
         eos_id=tok.eos_id))  # fmt: skip
-    if tc.max_len > cfg.model.max_len:
-        raise ConfigError(f"train.max_len={tc.max_len} exceeds model.max_len={cfg.model.max_len}")
     fingerprint = data_fingerprint(tc)
     if resume is not None:
         check_resumable(out, cfg, fingerprint)
