@@ -2,6 +2,7 @@
 interactive page checked in a real headless Chromium (skipped where Chromium is absent)."""
 
 import base64
+import dataclasses
 import json
 import random
 import re
@@ -187,10 +188,16 @@ def test_encoder_only_and_decoder_only_models(other_models):
         torch.testing.assert_close(got, want[0])
     assert bool((ex.maps["lm_self"][1].triu(1) == 0).all())
     cls = load_model_dir(other_models["cls"])
-    a, b = attention_for_model(cls, tok, SENTENCES[:2])  # padded batch, split per sentence
+    a, b = attention_for_model(cls, tok, SENTENCES[:2])  # each sentence its own maps
     assert list(a.maps) == ["enc_self"] and a.maps["enc_self"][0].shape[-1] == len(a.src)
     torch.testing.assert_close(b.maps["enc_self"][1].sum(-1), torch.ones(2, len(b.src)))
     assert sorted(attention_figures(a)) == ["average.png", "enc_self.png"]
+    # an input past the positional table is cut as a translation's source is (it was the
+    # model's ValueError, a traceback from `aiayn attend`)
+    short = DecoderLM(dataclasses.replace(lm.cfg, max_len=6))
+    (cut,) = attention_for_model(short, tok, [SENTENCES[2]])
+    assert len(cut.src) == 6 and cut.src[-1] == tok.pieces([tok.eos_id])[0]
+    assert cut.maps["lm_self"][0].shape == (lm.cfg.n_heads, 6, 6)
 
 
 def test_cli_attend_on_a_decoder_only_model(other_models, tmp_path):

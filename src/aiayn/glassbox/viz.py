@@ -156,7 +156,12 @@ def attention_for_inputs(
     """
     kind = "enc_self" if isinstance(model, EncoderClassifier) else "lm_self"
     _check_count(sentences)
-    ids = [tok.encode(s, bos=kind == "lm_self") for s in sentences]
+    ids, limit = [tok.encode(s, bos=kind == "lm_self") for s in sentences], model.cfg.max_len
+    for i, row in enumerate(ids):  # cut as a translation's source is (explain.source_ids)
+        if len(row) > limit:
+            log.warning("sentence %d has %d tokens, more than the model's max_len=%d; drawing "
+                        "its first %d", i + 1, len(row), limit, limit)  # fmt: skip
+            ids[i] = tok.cut(row, limit)
     _check_numbers([model.cfg.n_layers * model.cfg.n_heads * len(row) ** 2 for row in ids])
     model.eval()
     examples = []
