@@ -43,7 +43,7 @@ AXES = {  # (rows, columns) of each kind's maps
 
 # Bounds on one run's pictures: the maps grow with length^2 and all of them go into the page.
 MAX_SENTENCES = 100
-MAX_NUMBERS = 5_000_000  # attention weights in all maps (the page's JSON: ~35 MB)
+MAX_NUMBERS = 5_000_000  # attention weights in all maps (the page's JSON: ~40 MB)
 MAX_GRID_INCHES = 80.0  # a grid figure's longest side (8,800 pixels at attend's 110 dpi)
 LABEL_INCHES = 0.1  # the least room for a 6-point tick label; fewer labels where cells shrink
 
