@@ -27,7 +27,7 @@ import torch.distributed as dist
 from aiayn.atomic import atomic_write_json, atomic_write_text
 from aiayn.config import RUN_CONFIG_FILE, Config, ModelConfig, TrainConfig, to_dict
 from aiayn.errors import ConfigError
-from aiayn.nn.model import Transformer
+from aiayn.nn.model import Transformer, count_parameters
 from aiayn.runtime.device import check_threads, choose_precision, set_threads, total_memory
 from aiayn.runtime.distributed import Dist, init_distributed, stop_on_signals
 from aiayn.runtime.progress import interactive
@@ -185,7 +185,7 @@ def check_model_fits(model_cfg: ModelConfig, device: torch.device, copies: int =
     """Refuse a model whose parameters alone, `copies` times (CPU ranks share the machine's
     memory), need more than `device` has; sized on the meta device, so nothing is allocated."""
     with torch.device("meta"):
-        n = sum(p.numel() for p in Transformer(model_cfg).parameters())
+        n = count_parameters(Transformer(model_cfg))
     need, have = n * TRAIN_BYTES_PER_PARAM * copies, total_memory(device)
     if have is not None and need > have:
         per = f" x {copies} processes" if copies > 1 else ""
