@@ -17,6 +17,10 @@ from aiayn.cli.flags import (
 )
 from aiayn.errors import AiaynError
 
+# A trace grows with source x output length x layers (a 1,000-token sentence on a 2-layer model
+# held 13 GB and printed 2 GB); what --layers/--heads/--steps leave out is never recorded.
+MAX_TRACE_NUMBERS = 100_000_000
+
 
 def add_explain(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -49,10 +53,6 @@ def add_explain(sub: argparse._SubParsersAction) -> None:
     add_sampling_flags(p, "--sample-top-k", "trace sampling instead of greedy")
     add_device_flag(p)
 
-
-# A trace grows with source x output length x layers (a 1,000-token sentence on a 2-layer model
-# held 13 GB and printed 2 GB); what --layers/--heads/--steps leave out is never recorded.
-MAX_TRACE_NUMBERS = 100_000_000
 
 _EXPLAIN_SEARCH_FLAGS = {  # DecodeConfig field -> argparse dest
     "alpha": "alpha", "min_len": "min_len", "temperature": "temperature",
