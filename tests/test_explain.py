@@ -339,6 +339,36 @@ def test_beam_trace_is_consistent_with_the_model(eos_model):
         assert [h.log_prob for h in after.live] == [c.log_prob for c in kept]
 
 
+def test_beam_trace_is_bounded_by_its_budget(model_dir, capsys):
+    """A beam trace keeps every step's live hypotheses whole (beam x steps^2 tokens: a beam of
+    1,024 over 1,000 steps would not fit the machine); past `max_numel`, a token counted as
+    BEAM_TOKEN_NUMBERS, it stops with an error that names what to narrow."""
+    from aiayn.glassbox.explain import BEAM_TOKEN_NUMBERS, BeamTraceTooLargeError
+
+    model, tok = load_model_dir(model_dir), Tokenizer.load(model_dir)
+    cfg = DecodeConfig(beam_size=4, min_len=6)  # no hypothesis ends before step 6
+    full = trace_beam(model, tok, SENTENCE, cfg, max_len=6)
+    held = sum(len(h.tokens) + 1 for s in full.steps for h in s.live)
+    held += sum(len(h.tokens) + 1 for h in full.finished)
+    held += 6 * sum(len(s.candidates) for s in full.steps)
+    budget = held * BEAM_TOKEN_NUMBERS
+    again = trace_beam(model, tok, SENTENCE, cfg, max_len=6, max_numel=budget)  # fits exactly
+    assert [s.candidates for s in again.steps] == [s.candidates for s in full.steps]
+    with pytest.raises(BeamTraceTooLargeError, match="narrower beam or fewer output tokens"):
+        trace_beam(model, tok, SENTENCE, cfg, max_len=6, max_numel=budget - 1)
+    # the CLI: a budget both the greedy trace and the beam-4 one fit; a beam of 64 holds ~16x
+    # the beam-4 trace's tokens
+    view = View((0,), (1,), (0,), 8, 4)
+    greedy = explain(model, tok, SENTENCE, max_len=6, cfg=cfg, want=view.shows)
+    most = str(max(budget, sum(e.value.numel() for e in greedy.entries.values())))
+    flags = ("--max-len", "6", "--min-len", "6", "--layers", "0", "--heads", "1", "--steps", "0")
+    assert explain_cli(model_dir, *flags, "--beam", "4", "--max-trace-numbers", most) == 0
+    capsys.readouterr()
+    assert explain_cli(model_dir, *flags, "--beam", "64", "--max-trace-numbers", most) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "lower --beam or --max-len" in err
+
+
 # --- what is explained is what `aiayn translate` returns -----------------------------------------
 
 LINES = ["a dog", "under the big tree the small cat runs", SENTENCE, "the red street"]

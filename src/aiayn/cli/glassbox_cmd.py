@@ -61,6 +61,7 @@ _EXPLAIN_SEARCH_FLAGS = {  # DecodeConfig field -> argparse dest
 
 
 def run_explain(args: argparse.Namespace) -> int:
+    from aiayn.glassbox.explain import BeamTraceTooLargeError
     from aiayn.glassbox.render import View, parse_indices
     from aiayn.glassbox.report import explain_report
     from aiayn.glassbox.seed import seed_example_json, seed_example_text
@@ -92,6 +93,12 @@ def run_explain(args: argparse.Namespace) -> int:
                                     top_k=args.top_k, max_len=args.max_len, beam=args.beam,
                                     device=args.device, overrides=overrides,
                                     max_numel=args.max_trace_numbers)  # fmt: skip
+        except BeamTraceTooLargeError:
+            raise AiaynError(
+                f"the beam search's trace would hold more than {args.max_trace_numbers:,} "
+                "numbers (its hypotheses grow with the beam and the square of the steps): lower "
+                "--beam or --max-len, or raise --max-trace-numbers"
+            ) from None
         except TraceTooLargeError:
             raise AiaynError(
                 f"the trace would hold more than {args.max_trace_numbers:,} numbers: show less "

@@ -23,9 +23,15 @@ from aiayn.translate.translator import saved_decode_config
 
 
 def trace_settings(
-    cfg: DecodeConfig, top_k: int, max_len: int | None, beam: int, overrides: dict | None
+    cfg: DecodeConfig,
+    top_k: int,
+    max_len: int | None,
+    beam: int,
+    overrides: dict | None,
+    vocab_size: int = 0,
 ) -> tuple[DecodeConfig, DecodeConfig]:
-    """(the traced search's settings, the beam trace's), checked: a one-line AiaynError."""
+    """(the traced search's settings, the beam trace's), checked: a one-line AiaynError (with
+    `vocab_size`, the model's, also a beam wider than its vocabulary, before any tracing)."""
     if top_k < 1:
         raise AiaynError(f"--top-k must be at least 1, got {top_k}")
     if max_len is not None and max_len < 1:
@@ -35,7 +41,7 @@ def trace_settings(
     cfg = dataclasses.replace(cfg, **(overrides or {}))
     beam_cfg = dataclasses.replace(cfg, beam_size=max(beam, 1), nbest=1, sample=False)
     for c in (dataclasses.replace(cfg, beam_size=1, nbest=1), beam_cfg):
-        check_decode_config(c)
+        check_decode_config(c, vocab_size)
     return cfg, beam_cfg
 
 
@@ -57,13 +63,15 @@ def trace_sentence(
     `cfg` is the model's saved search settings, with `overrides` (DecodeConfig fields)
     replaced; the traced search is greedy, or sampling when `sample` is set, and `beam` > 0
     also traces beam search of that size. `want` and `max_numel`: see
-    `aiayn.glassbox.explain.explain`.
+    `aiayn.glassbox.explain.explain`; the beam trace has a budget of `max_numel` of its own
+    (`aiayn.glassbox.explain.trace_beam`).
     """
-    cfg, beam_cfg = trace_settings(cfg, top_k, max_len, beam, overrides)
+    cfg, beam_cfg = trace_settings(cfg, top_k, max_len, beam, overrides, model.cfg.vocab_size)
     trace = explain(model, tok, sentence, top_k=top_k, max_len=max_len, cfg=cfg, want=want,
                     max_numel=max_numel)  # fmt: skip
     if beam:
-        trace.beam = trace_beam(model, tok, sentence, beam_cfg, max_len=max_len)
+        trace.beam = trace_beam(model, tok, sentence, beam_cfg, max_len=max_len,
+                                max_numel=max_numel)  # fmt: skip
     return trace
 
 
