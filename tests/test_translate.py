@@ -430,6 +430,9 @@ def test_cli_evaluate_alphas_scores_each_and_names_the_best(
         assert r["bleu"] == one["bleu"]["score"] and r["length_ratio"] == one["length_ratio"]
         assert r["chrf"] == one["chrf"]["score"]
         assert r["brevity_penalty"] == one["brevity_penalty"]
+    assert main([*base, "--alphas", "0.6,1.0,0.6,1.0", "--json"]) == 0  # each value once
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [r["alpha"] for r in again] == [0.6, 1.0]
     assert main([*base, "--alphas", "0.6,1.0"]) == 0
     text = capsys.readouterr().out
     assert "length ratio" in text and "<- best" in text and "--set decode.alpha=" in text
@@ -437,6 +440,7 @@ def test_cli_evaluate_alphas_scores_each_and_names_the_best(
         ([*base, "--alphas", "0.6,x"], "expected numbers"),
         ([*base, "--alphas", "-1"], "in [0, 10]"),
         ([*base, "--alphas", "0.6,inf"], "in [0, 10]"),  # said before 0.6 was translated
+        ([*base, "--alphas", ",".join(f"{a / 100}" for a in range(101))], "at most 100"),
         ([*base, "--alpha", "1e308"], "alpha must be in [0, 10]"),  # an OverflowError
         ([*base, "--alphas", "0.6", "--alpha", "1"], "leave out --alpha"),
         ([*base, "--alphas", "0.6", "--beam", "1"], "needs beam search"),

@@ -67,15 +67,28 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
     )
 
 
+# Each α beam-searches the whole --src file once: a grid of a few values is what §6.1 did.
+MAX_ALPHAS = 100
+
+
 def parse_alphas(text: str) -> list[float]:
+    """The distinct values of a comma list, in their order (a repeated α would translate the
+    file again for the same row), checked before any run."""
     from aiayn.search.settings import MAX_ALPHA
 
     try:
-        alphas = [float(a) for a in text.split(",") if a.strip()]
+        alphas = list(dict.fromkeys(float(a) for a in text.split(",") if a.strip()))
     except ValueError:
-        raise AiaynError(f"--alphas {text!r}: expected numbers separated by commas") from None
+        raise AiaynError(f"--alphas {text[:80]!r}: expected numbers separated by commas") from None
     if not alphas or any(not 0 <= a <= MAX_ALPHA for a in alphas):  # NaN too, before any run
-        raise AiaynError(f"--alphas {text!r}: expected one or more numbers in [0, {MAX_ALPHA:g}]")
+        raise AiaynError(
+            f"--alphas {text[:80]!r}: expected one or more numbers in [0, {MAX_ALPHA:g}]"
+        )
+    if len(alphas) > MAX_ALPHAS:  # each translates the whole file
+        raise AiaynError(
+            f"--alphas has {len(alphas):,} distinct values; at most {MAX_ALPHAS} (each "
+            "beam-searches the whole --src file)"
+        )
     return alphas
 
 
