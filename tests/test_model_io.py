@@ -122,6 +122,21 @@ def test_config_sizes_are_checked_against_the_weights_before_building(
     assert message in err, err
 
 
+def test_a_model_past_the_machines_memory_is_refused_before_it_is_built(tmp_path, tiny_cfg, capsys):
+    """No weight's shape bounds a sinusoidal table: a config that agrees with its weights but
+    claims max_len=10^9 was a 512 GB allocation's traceback after 15 s; now one line, sized
+    on the meta device."""
+    save_model_dir(Transformer(tiny_cfg), tmp_path)
+    meta = json.loads((tmp_path / CONFIG_FILE).read_text())
+    meta["model"]["max_len"] = 10**9
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"loading it holds [\d,.]+ GiB .* max_len=10+"):
+        load_model_dir(tmp_path)
+    assert main(["info", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "more than this machine's" in err
+
+
 def test_learned_positions_and_classes_are_checked_against_the_weights(tmp_path, tiny_cfg):
     cfg = dataclasses.replace(tiny_cfg, positional="learned")
     save_model_dir(EncoderClassifier(cfg, n_classes=4), tmp_path)
