@@ -13,6 +13,7 @@
 #   bash bench/multi30k_published_batch.sh [DATA] [OUT]    # MINUTES=5.5 DEVICE=cuda by default
 #   EXTRA="--set train.compile=true" bash bench/multi30k_published_batch.sh   # options for all
 #   PYTHON=python3 bash bench/multi30k_published_batch.sh   # where `python` is not the one with torch
+#   SCORE=0 bash bench/multi30k_published_batch.sh          # train only, no averaging or scoring
 # MINUTES counts a run's whole training time, resumes included (`aiayn train` saves it in its
 # checkpoints): to go on with runs that stopped at their minutes, call again with a larger MINUTES.
 # DATA holds raw/ and tok/ (default ../shared/data/multi30k); OUT gets the runs (runs/b8k).
@@ -50,6 +51,8 @@ for r in $RUNS; do
   "$PY" -m aiayn train "${R[@]}" "${C[@]}" --set "train.out_dir=$OUT/$r" >> "$OUT/$r.log" 2>&1 &  # a resume appends
 done
 wait
+# SCORE=0: train only (a call that stops at MINUTES and is resumed later: bench/gpu_multi30k.sh)
+[ "${SCORE:-1}" = 0 ] && exit 0
 score() {  # run $1: its last 10 checkpoints averaged, then each model scored
   grep -h "^stopped" "$OUT/$1.log" | tail -1 | sed "s/^/$1: /"
   rm -rf "$OUT/$1/avg10"  # derived: a resumed run has newer checkpoints
