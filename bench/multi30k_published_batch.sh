@@ -51,7 +51,7 @@ for r in $RUNS; do
   "$PY" -m aiayn train "${R[@]}" "${C[@]}" --set "train.out_dir=$OUT/$r" >> "$OUT/$r.log" 2>&1 &  # a resume appends
 done
 wait
-# SCORE=0: train only (a call that stops at MINUTES and is resumed later: bench/gpu_multi30k.sh)
+# SCORE=0: train only (a call that stops at MINUTES and is resumed later: bench/gpu_checks.sh)
 [ "${SCORE:-1}" = 0 ] && exit 0
 score() {  # run $1: its last 10 checkpoints averaged, then each model scored
   grep -h "^stopped" "$OUT/$1.log" | tail -1 | sed "s/^/$1: /"
