@@ -122,19 +122,33 @@ def test_config_sizes_are_checked_against_the_weights_before_building(
     assert message in err, err
 
 
-def test_a_model_past_the_machines_memory_is_refused_before_it_is_built(tmp_path, tiny_cfg, capsys):
+def test_a_model_past_the_machines_memory_is_refused_before_it_is_built(
+    tmp_path, tiny_cfg, capsys, monkeypatch
+):
     """No weight's shape bounds a sinusoidal table: a config that agrees with its weights but
-    claims max_len=10^9 was a 512 GB allocation's traceback after 15 s; now one line, sized
-    on the meta device."""
+    claims max_len=10^9 was a 512 GB allocation's traceback after 15 s; now one line. Weights
+    past half the machine's memory (the model and the file's tensors are held at once) are
+    refused from the file's size."""
+    import aiayn.store.model_dir as model_dir
+
     save_model_dir(Transformer(tiny_cfg), tmp_path)
     meta = json.loads((tmp_path / CONFIG_FILE).read_text())
     meta["model"]["max_len"] = 10**9
     (tmp_path / CONFIG_FILE).write_text(json.dumps(meta))
-    with pytest.raises(CheckpointError, match=r"loading it holds [\d,.]+ GiB .* max_len=10+"):
+    with pytest.raises(CheckpointError, match="sinusoidal table of max_len=1,000,000,000"):
         load_model_dir(tmp_path)
     assert main(["info", "--model", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "more than this machine's" in err
+    assert "\n" not in err and "choose a smaller max_len" in err
+    meta["model"]["max_len"] = tiny_cfg.max_len
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(meta))
+    load_model_dir(tmp_path)
+    size = (tmp_path / WEIGHTS_FILE).stat().st_size
+    monkeypatch.setattr(model_dir, "total_memory", lambda device: 2 * size - 1)
+    with pytest.raises(CheckpointError, match="loading holds it twice"):
+        load_model_dir(tmp_path)
+    monkeypatch.setattr(model_dir, "total_memory", lambda device: 2 * size)
+    load_model_dir(tmp_path)
 
 
 def test_learned_positions_and_classes_are_checked_against_the_weights(tmp_path, tiny_cfg):

@@ -22,7 +22,7 @@ from safetensors.torch import save as st_save
 from aiayn.atomic import atomic_write_bytes, atomic_write_json, read_json_object
 from aiayn.config import ModelConfig, from_dict, to_dict
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.nn.model import _ModelBase, buffer_bytes
+from aiayn.nn.model import _ModelBase
 from aiayn.nn.variants import MODEL_CLASSES
 from aiayn.runtime.device import total_memory
 
@@ -187,25 +187,18 @@ def check_weights_header(path: Path, cfg: ModelConfig, extra: dict[str, Any]) ->
             raise mismatch("n_classes", n_classes, f"a classifier for {got} classes")
 
 
-def check_fits_in_memory(directory: Path, arch: str, cfg: ModelConfig, extra: dict) -> None:
-    """Refuse, before anything is allocated, a model that loading cannot hold in this machine's
-    memory: the model built from the config (sized on the meta device: its parameters and
-    buffers, such as a sinusoidal table of `max_len` rows, which no weight's shape bounds) and
-    the weights file read beside it. A config that agreed with its weights but claimed
-    max_len=10^9 was a 512 GB allocation's traceback after 15 s."""
-    try:
-        with torch.device("meta"):
-            model = MODEL_CLASSES[arch](cfg, **extra)
-    except (TypeError, ValueError):
-        return  # the real build says what is wrong
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    need = weights + buffer_bytes(model) + (directory / WEIGHTS_FILE).stat().st_size
+def check_fits_in_memory(directory: Path) -> None:
+    """Refuse, before anything is allocated, weights that loading cannot hold in this machine's
+    memory: the model's parameters (the header check has matched them to the file) and the
+    file's tensors read beside them, twice the file. (The one size no weight bounds, a
+    sinusoidal table's `max_len`, is checked where the table is made: `sinusoidal_positions`.)"""
+    size = (directory / WEIGHTS_FILE).stat().st_size
     have = total_memory(torch.device("cpu"))
-    if have is not None and need > have:
+    if have is not None and 2 * size > have:
         raise CheckpointError(
-            f"{directory}: loading it holds {need / 2**30:,.1f} GiB (the model its {CONFIG_FILE} "
-            f"describes, max_len={cfg.max_len}, and {WEIGHTS_FILE} read beside it), more than "
-            f"this machine's {have / 2**30:,.1f} GiB"
+            f"{directory}: {WEIGHTS_FILE} holds {size / 2**30:,.1f} GiB, and loading holds it "
+            f"twice (the model built from {CONFIG_FILE} and the file read beside it), more "
+            f"than this machine's {have / 2**30:,.1f} GiB"
         )
 
 
@@ -235,7 +228,7 @@ def load_model_dir(
         raise CheckpointError(f"{directory}: unknown architecture {arch!r}")
     extra = meta.get("extra") or {}
     check_weights_header(directory / WEIGHTS_FILE, cfg, extra)  # before anything is allocated
-    check_fits_in_memory(directory, arch, cfg, extra)
+    check_fits_in_memory(directory)
     try:
         model = MODEL_CLASSES[arch](cfg, **extra)
     except (TypeError, ValueError) as e:
