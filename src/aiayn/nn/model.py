@@ -514,9 +514,3 @@ class Transformer(_ModelBase):
 def count_parameters(model: nn.Module) -> int:
     """Trainable parameters, each shared (tied) tensor counted once."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def buffer_bytes(model: nn.Module) -> int:
-    """Bytes of the buffers (the sinusoidal position table, §3.5), each shared one counted once:
-    they scale with `max_len`, which no weight's shape says."""
-    return sum(b.numel() * b.element_size() for b in model.buffers())

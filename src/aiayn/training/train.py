@@ -27,7 +27,7 @@ import torch.distributed as dist
 from aiayn.atomic import atomic_write_json, atomic_write_text
 from aiayn.config import RUN_CONFIG_FILE, Config, ModelConfig, TrainConfig, to_dict
 from aiayn.errors import ConfigError
-from aiayn.nn.model import Transformer, buffer_bytes, count_parameters
+from aiayn.nn.model import Transformer, count_parameters
 from aiayn.runtime.device import check_threads, choose_precision, set_threads, total_memory
 from aiayn.runtime.distributed import Dist, init_distributed, stop_on_signals
 from aiayn.runtime.progress import interactive
@@ -185,17 +185,15 @@ def check_model_fits(model_cfg: ModelConfig, device: torch.device, copies: int =
     """Refuse a model whose parameters alone, `copies` times (CPU ranks share the machine's
     memory), need more than `device` has; sized on the meta device, so nothing is allocated."""
     with torch.device("meta"):
-        model = Transformer(model_cfg)
-    n, table = count_parameters(model), buffer_bytes(model)  # the table: max_len rows
-    need, have = (n * TRAIN_BYTES_PER_PARAM + table) * copies, total_memory(device)
+        n = count_parameters(Transformer(model_cfg))
+    need, have = n * TRAIN_BYTES_PER_PARAM * copies, total_memory(device)
     if have is not None and need > have:
         per = f" x {copies} processes" if copies > 1 else ""
         raise ConfigError(
             f"the model has {n:,} parameters: training holds at least {TRAIN_BYTES_PER_PARAM} "
-            f"bytes each (weights, gradients, Adam's moments) and its position tables "
-            f"({table / 2**30:,.1f} GiB at model.max_len={model_cfg.max_len}){per}, "
-            f"{need / 2**30:,.1f} GiB, and {device.type} has {have / 2**30:,.1f} GiB; choose a "
-            "smaller model (model.d_model, d_ff, n_layers, max_len) or train.vocab_size"
+            f"bytes each{per} (weights, gradients, Adam's moments), {need / 2**30:,.1f} GiB, and "
+            f"{device.type} has {have / 2**30:,.1f} GiB; choose a smaller model "
+            "(model.d_model, d_ff, n_layers) or train.vocab_size"
         )
 
 
