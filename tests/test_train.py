@@ -69,6 +69,30 @@ def test_loss_gradient_comes_back_in_the_logits_dtype():
     assert logits.grad.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_loss_in_chunks_gives_every_row_the_bits_of_one_pass(monkeypatch, dtype):
+    """The loss goes through the logits a few rows at a time on a CPU (`CHUNK_BYTES`): value,
+    NLL and gradient are bit for bit those of one pass over the whole matrix, whatever the
+    chunk and however the rows split (23 rows in chunks of 1, 3 and 7, and all at once)."""
+    import aiayn.training.loss as loss_module
+
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(23, 11, generator=g) * 3).to(dtype)
+    target = torch.randint(0, 11, (23,), generator=g)
+
+    def run(chunk_rows: int) -> tuple[torch.Tensor, ...]:
+        monkeypatch.setattr(loss_module, "CHUNK_BYTES", 4 * 11 * chunk_rows)
+        x = logits.clone().requires_grad_()
+        loss, nll = label_smoothed_loss(x, target, 0.1, PAD_ID)
+        (1.7 * loss).backward()
+        return loss, nll, x.grad
+
+    whole = run(23)
+    for rows in (1, 3, 7):
+        for a, b in zip(run(rows), whole, strict=True):
+            assert torch.equal(a, b), rows
+
+
 def test_loss_ignores_pad_completely():
     logits = torch.randn(4, 7, requires_grad=True)
     loss, _ = label_smoothed_loss(logits, torch.tensor([3, PAD_ID, 5, PAD_ID]), 0.1, PAD_ID)

@@ -35,41 +35,69 @@ def label_smoothed_loss(
     return _SmoothedCE.apply(logits_PV, target_P, epsilon, pad_id)  # type: ignore[no-any-return]
 
 
+# Rows of the P x V logits handled at once by the loss: their fp32 log-probabilities (~1 MiB)
+# stay in a CPU core's cache between the passes over them, where one P x V fp32 matrix went
+# through memory four times (docs/benchmarks.md, "The loss in chunks").
+CHUNK_BYTES = 1 << 20
+
+
+def _chunk_rows(logits_PV: Tensor) -> int:
+    """Rows a chunk of the loss takes: all of them on a GPU (each chunk is more launches), a
+    cache's worth on a CPU."""
+    if logits_PV.device.type != "cpu":
+        return max(logits_PV.size(0), 1)
+    return max(CHUNK_BYTES // (4 * logits_PV.size(-1)), 1)
+
+
 class _SmoothedCE(torch.autograd.Function):
     """The loss above with its gradient in closed form: d loss / d logits = p - (1 - ε)·onehot
-    - ε/V on each kept row (p the softmax), one pass to build it. Autograd's own chain
-    (log_softmax, gather, mean over V, and their backwards) takes about twice as long; on a
-    CPU the P x V matrix is a large share of a small model's step (a 7,310 x 10,000 batch:
-    1.0-1.3 s fwd + bwd by autograd, 0.54-0.70 s here, a quarter of the step at d_model 128;
-    one thread of an AMD EPYC Zen 3)."""
+    - ε/V on each kept row (p the softmax). Autograd's own chain (log_softmax, gather, mean
+    over V, and their backwards) takes about twice as long; on a CPU the P x V matrix is a large
+    share of a small model's step (a 7,310 x 10,000 batch: 1.0-1.3 s fwd + bwd by autograd,
+    0.54-0.70 s in one pass over the whole matrix; one thread of an AMD EPYC Zen 3).
+
+    Both passes go through the rows in chunks (`_chunk_rows`), and the backward recomputes a
+    chunk's log-probabilities from the saved logits rather than keeping a P x V fp32 matrix
+    from the forward: every row gets the bits one pass over the whole matrix gave (the ops are
+    row-wise), in half the time with bf16 logits on an AMD EPYC Zen 4 (721 -> 360 ms for 7,740
+    x 10,000, forward and backward) and a quarter less in fp32 (647 -> 489-503 ms)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, logits_PV: Tensor, target_P: Tensor, epsilon: float, pad_id: int
     ) -> tuple[Tensor, Tensor]:
-        logp_PV = F.log_softmax(logits_PV.float(), dim=-1)
         # A 0/1 weight rather than boolean indexing: indexing must learn how many rows survive,
         # which stops the host until a GPU has caught up.
-        keep_P = (target_P != pad_id).to(logp_PV.dtype)
+        keep_P = (target_P != pad_id).float()
         gold_P1 = target_P.clamp(min=0)[:, None]
-        nll_P = -logp_PV.gather(-1, gold_P1).squeeze(-1)
-        uniform_P = -logp_PV.mean(dim=-1)
+        nll_P = keep_P.new_empty(keep_P.shape)
+        uniform_P = keep_P.new_empty(keep_P.shape)
+        rows = _chunk_rows(logits_PV)
+        for a in range(0, logits_PV.size(0), rows):
+            logp_RV = F.log_softmax(logits_PV[a : a + rows].float(), dim=-1)
+            nll_P[a : a + rows] = -logp_RV.gather(-1, gold_P1[a : a + rows]).squeeze(-1)
+            uniform_P[a : a + rows] = -logp_RV.mean(dim=-1)
         loss_P = (1.0 - epsilon) * nll_P + epsilon * uniform_P
         nll = (nll_P * keep_P).sum()
         ctx.mark_non_differentiable(nll)
-        ctx.save_for_backward(logp_PV, gold_P1, keep_P)
-        ctx.epsilon, ctx.dtype = epsilon, logits_PV.dtype
+        ctx.save_for_backward(logits_PV, gold_P1, keep_P)
+        ctx.epsilon = epsilon
         return (loss_P * keep_P).sum(), nll
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, g_loss: Tensor, _g_nll: Tensor) -> tuple[Tensor, None, None, None]:
-        logp_PV, gold_P1, keep_P = ctx.saved_tensors
-        eps = ctx.epsilon
-        grad_PV = logp_PV.exp().sub_(eps / logp_PV.size(-1))  # p - ε/V
-        grad_PV.scatter_add_(-1, gold_P1, grad_PV.new_full(gold_P1.shape, eps - 1.0))
-        grad_PV.mul_((keep_P * g_loss)[:, None])
-        return grad_PV.to(ctx.dtype), None, None, None
+        logits_PV, gold_P1, keep_P = ctx.saved_tensors
+        eps, V = ctx.epsilon, logits_PV.size(-1)
+        grad_PV = torch.empty_like(logits_PV)  # in the logits' dtype: no P x V copy to cast
+        scale_P1 = (keep_P * g_loss)[:, None]
+        rows = _chunk_rows(logits_PV)
+        for a in range(0, logits_PV.size(0), rows):
+            gold_R1 = gold_P1[a : a + rows]
+            g_RV = F.log_softmax(logits_PV[a : a + rows].float(), dim=-1).exp_().sub_(eps / V)
+            g_RV.scatter_add_(-1, gold_R1, g_RV.new_full(gold_R1.shape, eps - 1.0))  # p - ε/V
+            grad_PV[a : a + rows] = g_RV.mul_(scale_P1[a : a + rows])
+        return grad_PV, None, None, None
 
 
 def train_step(
