@@ -4,6 +4,7 @@ the cleaned corpus leaves them out, and bad input is one line with exit status 2
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -133,12 +134,13 @@ def test_cli_json_and_write_a_cleaned_corpus(planted, tmp_path, capsys):
     assert text.startswith("48 training pairs (en -> de): ") and "misaligned" in text
 
 
-@pytest.mark.parametrize("problem", ["missing", "directory", "utf8", "lines"])
+@pytest.mark.parametrize("problem", ["missing", "directory", "pipe", "utf8", "lines"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, problem):
     src, tgt = write_pairs(tmp_path, "train", clean_pairs())
     message = {
         "missing": "corpus file not found",
         "directory": "is a directory, not a file",
+        "pipe": "is not a regular file (a pipe or a device",  # `--tgt <(zcat ...)`: read twice
         "utf8": "line 3 is not valid UTF-8",
         "lines": "has 40 lines but",
     }[problem]
@@ -146,6 +148,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, problem):
         tgt = tmp_path / "nope.de"
     elif problem == "directory":
         tgt = tmp_path
+    elif problem == "pipe":
+        tgt = tmp_path / "fifo"
+        os.mkfifo(tgt)  # opened for reading, a FIFO nobody writes would block forever
     elif problem == "utf8":
         tgt.write_bytes(tgt.read_bytes().replace(b"Nummer 2 ", b"Nummer \xff "))
     else:

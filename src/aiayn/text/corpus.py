@@ -165,7 +165,13 @@ def raw_pairs(src: str | Path, tgt: str | Path | None) -> Iterator[tuple[str, st
     paths = [src] if not tgt else [src, Path(tgt)]
     for p in paths:
         if not p.is_file():
-            what = "is a directory, not a file" if p.is_dir() else "not found"
+            what = (
+                "is a directory, not a file" if p.is_dir()
+                else "not found" if not p.exists()
+                # a pipe (`<(zcat ...)`) or a device: a corpus is read more than once
+                else "is not a regular file (a pipe or a device; a corpus is read more than "
+                "once: write it to a file)"
+            )  # fmt: skip
             raise DataError(f"corpus file {what}: {p}")
         if p.stat().st_size == 0:
             raise DataError(f"corpus file is empty: {p}")
