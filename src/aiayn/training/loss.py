@@ -95,7 +95,7 @@ class _SmoothedCE(torch.autograd.Function):
         for a in range(0, logits_PV.size(0), rows):
             gold_R1 = gold_P1[a : a + rows]
             g_RV = F.log_softmax(logits_PV[a : a + rows].float(), dim=-1).exp_().sub_(eps / V)
-            g_RV.scatter_add_(-1, gold_R1, g_RV.new_full(gold_R1.shape, eps - 1.0))  # p - ε/V
+            g_RV.scatter_add_(-1, gold_R1, g_RV.new_full(gold_R1.shape, eps - 1.0))  # -(1 - ε)
             grad_PV[a : a + rows] = g_RV.mul_(scale_P1[a : a + rows])
         return grad_PV, None, None, None
 
