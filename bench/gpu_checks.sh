@@ -55,7 +55,8 @@ prepare)
   du -sh gpu
   ;;
 multi30k | serving)
-  [ -d gpu/qs ] && [ -d gpu/whl ] || { echo "gpu_checks: run 'prepare' first" >&2; exit 2; }
+  [ -d gpu/data/tok ] && [ -d gpu/qs ] && [ -d gpu/whl ] || \
+      { echo "gpu_checks: run 'prepare' first (gpu/ carried?)" >&2; exit 2; }
   OUT=${OUT:-runs/gpu_out}; mkdir -p "$OUT"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site gpu/whl/*.whl || exit
