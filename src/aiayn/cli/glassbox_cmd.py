@@ -48,7 +48,8 @@ def add_explain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beam", type=int, default=0, help="also trace beam search of this size")
     p.add_argument("--alpha", type=float, help="length penalty α (default: the model's, or 0.6)")
     p.add_argument("--max-trace-numbers", type=int, default=MAX_TRACE_NUMBERS,
-                   help="most numbers the trace may hold (default %(default)s: ~400 MB; a "
+                   help="most numbers the trace may hold, and the --beam trace apart, a "
+                        "token of its counted as 20 (default %(default)s: ~400 MB; a "
                         "paper_base model explains ~150 tokens in and out in full)")  # fmt: skip
     add_sampling_flags(p, "--sample-top-k", "trace sampling instead of greedy")
     add_device_flag(p)
