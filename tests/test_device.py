@@ -21,6 +21,8 @@ from aiayn.runtime.device import (
     cpu_native_bf16,
     native_bf16,
     resolve_device,
+    set_threads,
+    usable_cpus,
 )
 from aiayn.runtime.distributed import Dist, all_sum, reduce_tensor
 from aiayn.training.train import train
@@ -100,6 +102,20 @@ def test_bf16_on_a_cpu_without_native_bf16_warns_in_one_line(caplog):
         choose_precision("bf16", CPU, "train.dtype")
     (record,) = caplog.records
     assert "much slower" in record.getMessage() and "\n" not in record.getMessage()
+
+
+def test_more_threads_than_usable_cpus_are_said_in_one_line(caplog):
+    threads = torch.get_num_threads()
+    try:
+        with caplog.at_level(logging.WARNING, logger="aiayn.runtime.device"):
+            set_threads(usable_cpus(), "train.threads")
+            assert not caplog.records
+            set_threads(usable_cpus() + 1, "train.threads")
+    finally:
+        torch.set_num_threads(threads)
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert f"train.threads={usable_cpus() + 1}" in message and "\n" not in message
 
 
 @pytest.mark.parametrize("bad", ["fp16", "float32", "int8"])

@@ -164,9 +164,29 @@ def check_threads(n: int, name: str = "--threads") -> None:
         raise ConfigError(f"{name}={n}: give 0 (torch's default) up to {MAX_THREADS}")
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: `taskset`, a container's cpuset), which
+    can be fewer than the machine has."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity call (macOS, Windows)
+        return os.cpu_count() or 1
+
+
 def set_threads(n: int, name: str = "--threads") -> None:
-    """torch's intra-op threads: n > 0 sets them, 0 leaves torch's default."""
+    """torch's intra-op threads: n > 0 sets them, 0 leaves torch's default.
+
+    More threads than usable CPUs is allowed but said: the threads then take turns on a core,
+    and each wait at a product's barrier costs a scheduler slice (--threads 1000 on one core
+    trained at 76 target tokens/s against thousands)."""
     check_threads(n, name)
+    cpus = usable_cpus()
+    if n > cpus:
+        log.warning(
+            "%s=%d is more than the %d CPU%s this process may use: the threads will take "
+            "turns and run much slower; give %d or fewer",
+            name, n, cpus, "" if cpus == 1 else "s", cpus,
+        )  # fmt: skip
     if n:
         torch.set_num_threads(n)
 
