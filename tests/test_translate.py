@@ -226,6 +226,7 @@ def bad_runs(model_dir: Path, tmp_path: Path) -> list[tuple[list[str], str]]:
     return [
         (["translate", "--model", str(tmp_path / "nope")], "model directory not found"),
         (["translate", "--model", str(foreign)], "not an aiayn model config"),
+        (["translate", "--model", str(fine)], "is a file; give the model directory"),
         (["translate", "--model", str(model_dir), "--input", str(latin1)], "line 2 is not valid"),
         (["translate", "--model", str(model_dir), "--beam", "0"], "beam size must be at least 1"),
         (["translate", "--model", str(model_dir), "--nbest", "9"], "cannot exceed the beam"),

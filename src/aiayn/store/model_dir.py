@@ -81,6 +81,8 @@ def read_model_meta(directory: str | Path) -> dict[str, Any]:
     """Read and check `config.json`; a missing or foreign file is a CheckpointError."""
     directory = Path(directory)
     if not directory.is_dir():
+        if directory.exists():  # a weights file given for its directory, say
+            raise CheckpointError(f"{directory} is a file; give the model directory it is in")
         raise CheckpointError(f"model directory not found: {directory}")
     if (directory / EXPORT_FILE).is_file():  # its config.json is the engine's
         raise CheckpointError(
