@@ -627,6 +627,8 @@ def test_cli_explain_bad_input_is_one_line(model_dir, capsys):
     assert err.count("\n") == 1 and "layer 9 does not exist" in err
     assert main(["explain", "--model", str(model_dir)]) == 2
     assert "sentence" in capsys.readouterr().err
+    assert main(["explain", "--model", str(model_dir), " "]) == 2
+    assert capsys.readouterr().err.endswith("the sentence to explain is empty\n")
 
 
 def test_cli_explain_records_only_its_view_and_is_bounded(model_dir, capsys):
@@ -659,3 +661,14 @@ def test_a_source_over_max_len_is_cut_as_translate_cuts_it(loaded, caplog):
     assert len(trace.src_ids) == model.cfg.max_len and trace.src_ids[-1] == tok.eos_id
     assert trace.src_ids[:-1] == tok.encode(long)[: model.cfg.max_len - 1]
     assert "more than the model's max_len" in caplog.text
+
+
+def test_a_cut_source_is_said_once_with_the_beam_traced_too(loaded, caplog):
+    from aiayn.glassbox.report import trace_sentence
+
+    model, tok = loaded
+    long = " ".join([SENTENCE] * 200)
+    with caplog.at_level("WARNING"):
+        trace = trace_sentence(model, tok, long, DecodeConfig(), max_len=2, beam=2)
+    assert trace.beam is not None
+    assert caplog.text.count("more than the model's max_len") == 1

@@ -76,8 +76,10 @@ def run_explain(args: argparse.Namespace) -> int:
         if args.format == "json":
             report = json.dumps(seed_example_json(), ensure_ascii=False, allow_nan=False) + "\n"
     else:
-        if args.model is None or not args.sentence:
+        if args.model is None or args.sentence is None:
             raise AiaynError("give --model DIR and a sentence (or --seed-example)")
+        if not args.sentence.strip():  # said before the model is loaded
+            raise AiaynError("the sentence to explain is empty")
         refuse_export_dir(args.model, "explain")
         view = View(
             parse_indices(args.layers),

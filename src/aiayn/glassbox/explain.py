@@ -89,16 +89,17 @@ def _check(model: object, tok: Tokenizer) -> Transformer:
     return model
 
 
-def source_ids(model: Transformer, tok: Tokenizer, sentence: str) -> list[int]:
+def source_ids(model: Transformer, tok: Tokenizer, sentence: str, warn: bool = True) -> list[int]:
     """Token ids of `sentence` as the model reads it (EOS appended): a source longer than the
-    positional table is cut to its first max_len - 1 tokens plus EOS, with a warning, as
-    `aiayn translate` does (so what is explained is what is translated)."""
+    positional table is cut to its first max_len - 1 tokens plus EOS, with a warning (unless
+    `warn` is False: a second trace of the same sentence), as `aiayn translate` does (so what
+    is explained is what is translated)."""
     if not isinstance(sentence, str):  # a list of sentences: 'list' has no attribute 'strip'
         raise TypeError(f"one sentence (a str) is explained at a time, got {type(sentence)}")
     if not sentence.strip():
         raise AiaynError("the sentence to explain is empty")
     ids, limit = tok.encode(sentence), model.cfg.max_len
-    if len(ids) > limit:
+    if len(ids) > limit and warn:
         log.warning("the sentence has %d tokens, more than the model's max_len=%d; explaining "
                     "only its first %d tokens", len(ids) - 1, limit, limit - 1)  # fmt: skip
     return tok.cut(ids, limit)
@@ -268,6 +269,7 @@ def trace_beam(
     *,
     max_len: int | None = None,
     max_numel: int | None = None,
+    warn: bool = True,
 ) -> BeamTrace:
     """Run `aiayn.search.decode.beam_search` on one sentence and record every decision it makes.
 
@@ -277,13 +279,14 @@ def trace_beam(
         max_numel: the most numbers the beam trace may hold, a token charged as
             BEAM_TOKEN_NUMBERS (`BeamTraceTooLargeError` past it, raised before the step that
             would pass it is kept).
+        warn: say when the sentence is cut to the model's length (`source_ids`).
     Returns:
         A `BeamTrace`; `.best` is what beam search outputs (the highest score).
     """
     model = _check(model, tok)
     model.eval()
     cfg = _decode_config(cfg, max_len, sample=False, nbest=cfg.beam_size)
-    ids = source_ids(model, tok, sentence)
+    ids = source_ids(model, tok, sentence, warn)
     src_len = torch.tensor([len(ids)])
     cap = output_cap(cfg, model.cfg.max_len)
     limit = int(max_output_lengths(src_len, cfg.max_len_a, cfg.max_len_b, cap)[0])

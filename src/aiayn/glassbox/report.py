@@ -69,9 +69,9 @@ def trace_sentence(
     cfg, beam_cfg = trace_settings(cfg, top_k, max_len, beam, overrides, model.cfg.vocab_size)
     trace = explain(model, tok, sentence, top_k=top_k, max_len=max_len, cfg=cfg, want=want,
                     max_numel=max_numel)  # fmt: skip
-    if beam:
+    if beam:  # warn=False: a sentence cut to the model's length was said by explain, once
         trace.beam = trace_beam(model, tok, sentence, beam_cfg, max_len=max_len,
-                                max_numel=max_numel)  # fmt: skip
+                                max_numel=max_numel, warn=False)  # fmt: skip
     return trace
 
 
