@@ -522,6 +522,21 @@ def test_cli_train_runs_and_bad_input_is_one_line(corpus, tmp_path, capsys):
     assert main([*base, *sets, "--set", f"train.out_dir={tmp_path / 'w'}", *long]) == 2
     assert "exceeds model.max_len" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+    # every pair filtered out (a side over MAX_LINE_CHARS, or empty) was "cannot train a
+    # tokenizer on empty text"; now the filter's own report
+    for name, line in (("long", "wort " * 3000), ("empty", " ")):
+        for side in ("src", "tgt"):
+            (tmp_path / f"{name}.{side}").write_text(f"{line}\n" * 3)
+        files = [
+            "--set",
+            f"train.src={tmp_path / name}.src",
+            "--set",
+            f"train.tgt={tmp_path / name}.tgt",
+        ]
+        assert main([*base, *files, "--set", f"train.out_dir={tmp_path / name}"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "no training pairs left after filtering" in err
+        assert "read 3 pairs, kept 0" in err
 
 
 def test_kill_9_during_frequent_saves_leaves_a_resumable_run(corpus, tmp_path):

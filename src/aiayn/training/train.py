@@ -40,7 +40,7 @@ from aiayn.store.run_dir import (
     restore_checkpoint,
 )
 from aiayn.text.batches import collate
-from aiayn.text.corpus import HELDOUT_FILES, Heldout, hold_out, read_parallel
+from aiayn.text.corpus import HELDOUT_FILES, DataStats, Heldout, hold_out, read_parallel
 from aiayn.text.data import StepLoader, load_data
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.budget import fit_budget, refit_budget
@@ -70,8 +70,11 @@ def prepare_tokenizer(
             tc = cfg.train
             if not tc.src:
                 raise ConfigError("train.src is empty: give a training corpus (two files or a TSV)")
-            pairs = read_parallel(tc.src, tc.tgt or None, heldout=heldout)
-            texts = (side for pair in pairs for side in pair)
+            stats = DataStats()
+            texts = [side for pair in read_parallel(tc.src, tc.tgt or None, stats, heldout)
+                     for side in pair]  # fmt: skip
+            if not texts:  # every pair dropped: say why, as load_data's report would
+                raise ConfigError(f"no training pairs left after filtering: {stats.report(tc.src)}")
             both = f"{tc.src} and {tc.tgt}" if tc.tgt else tc.src  # one joint vocabulary
             log.info(
                 "training a joint %d-piece %s tokenizer on %s", tc.vocab_size, tc.spm_model_type,
