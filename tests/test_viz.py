@@ -6,6 +6,7 @@ import dataclasses
 import json
 import random
 import re
+import warnings
 
 import pytest
 import torch
@@ -265,6 +266,23 @@ def test_plot_log_with_bleu_and_a_resumed_run(tmp_path):
         "brevity penalty",
     ]
     assert list(fig.axes[0].get_lines()[0].get_ydata()) == [3.0, 2.1]  # the later record wins
+
+
+def test_plot_log_draws_a_diverged_loss_on_a_log_axis_without_numpy_warnings(tmp_path):
+    """A loss spike of 1e308 was matplotlib's overflow RuntimeWarning, the other points a flat
+    line; past PLOT_MAX a value is left out as inf is, and a spread loss gets a log axis."""
+    write_log(tmp_path, [{"step": i, "loss": v, "lr": 1e-6 * (i + 1)}
+                         for i, v in enumerate([5.0, 4.0, 1e308, 3e38, 3.0])])  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = plot_training_log(tmp_path)
+        fig.savefig(tmp_path / "curves.png")
+    loss_ax, lr_ax = fig.axes  # no perplexity logged
+    assert list(loss_ax.get_lines()[0].get_ydata()) == [5.0, 4.0, 3e38, 3.0]
+    assert loss_ax.get_yscale() == "log"
+    assert lr_ax.get_yscale() == "linear"  # a warmup's 1,000x rise keeps its straight line
+    write_log(tmp_path, [{"step": 1, "loss": 5.0}, {"step": 2, "loss": 3.0}])
+    assert plot_training_log(tmp_path).axes[0].get_yscale() == "linear"
 
 
 def test_plot_log_errors_and_cli(tmp_path, capsys):

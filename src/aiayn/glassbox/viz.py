@@ -308,18 +308,23 @@ def read_metrics(path: str | Path) -> tuple[list[dict], int]:
     return sorted(records.values(), key=lambda r: r["step"]), bad
 
 
-CURVES = [  # panel title, [(key, label)], log scale
-    ("loss", [("loss", "train (label-smoothed)"), ("valid_loss", "valid")], False),
-    ("perplexity", [("ppl", "train"), ("valid_ppl", "valid")], True),
-    ("learning rate", [("lr", "lr")], False),
-    ("BLEU", [("valid_bleu", "valid BLEU")], False),
+# panel title, [(key, label)], y axis: "log", "linear", or "auto" (log when the values span
+# more than SPREAD_FOR_LOG: a diverged run's loss spike flattens a linear panel)
+CURVES = [
+    ("loss", [("loss", "train (label-smoothed)"), ("valid_loss", "valid")], "auto"),
+    ("perplexity", [("ppl", "train"), ("valid_ppl", "valid")], "log"),
+    ("learning rate", [("lr", "lr")], "linear"),
+    ("BLEU", [("valid_bleu", "valid BLEU")], "linear"),
     # hypothesis / reference length and BLEU's brevity penalty: below 1 = translations too short
     (
         "length",
         [("valid_length_ratio", "hyp / ref length"), ("valid_bp", "brevity penalty")],
-        False,
+        "linear",
     ),
 ]
+
+
+SPREAD_FOR_LOG = 1e3
 
 
 def plot_training_log(run_dir: str | Path) -> Figure:
@@ -333,14 +338,14 @@ def plot_training_log(run_dir: str | Path) -> Figure:
     if bad:
         log.warning("%s: skipped %d lines that are not metric records", path, bad)
     panels = []
-    for title, keys, log_y in CURVES:
+    for title, keys, y_axis in CURVES:
         series = []
         for key, label in keys:
             pts = [(r["step"], r[key]) for r in records if _finite(r.get(key))]
             if pts:
                 series.append((label, pts))
         if series:
-            panels.append((title, series, log_y))
+            panels.append((title, series, y_axis))
     if not panels:
         raise AiaynError(f"{path}: no loss, perplexity, learning rate or BLEU records to plot")
     n_cols = 2 if len(panels) > 2 else len(panels)
@@ -350,13 +355,15 @@ def plot_training_log(run_dir: str | Path) -> Figure:
     axes = fig.subplots(n_rows, n_cols, squeeze=False).flatten()
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
-    for ax, (title, series, log_y) in zip(axes, panels, strict=False):
+    for ax, (title, series, y_axis) in zip(axes, panels, strict=False):
         for label, pts in series:
             xs, ys = zip(*pts, strict=True)
             ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=label)
         ax.set_title(title)
         ax.set_xlabel("step")
-        if log_y and all(y > 0 for _, pts in series for _, y in pts):
+        low, high = min(y for _, p in series for _, y in p), max(y for _, p in series for _, y in p)
+        spread = low > 0 and high / low > SPREAD_FOR_LOG
+        if low > 0 and (y_axis == "log" or (y_axis == "auto" and spread)):
             ax.set_yscale("log")
         if title == "learning rate":
             ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
@@ -365,5 +372,10 @@ def plot_training_log(run_dir: str | Path) -> Figure:
     return fig
 
 
+# Past this a value is left out as inf and nan are: matplotlib's axis margins overflow float64
+# (no training run logs it: an fp32 loss ends at 3.4e38)
+PLOT_MAX = 1e300
+
+
 def _finite(v: object) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    return isinstance(v, int | float) and not isinstance(v, bool) and abs(v) < PLOT_MAX
