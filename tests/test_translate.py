@@ -128,6 +128,13 @@ def test_read_lines_names_bad_utf8() -> None:
         list(read_lines(stream, "x.txt"))
 
 
+def test_read_lines_drops_crlf_and_a_leading_byte_order_mark() -> None:
+    """A file saved by a Windows editor: its BOM was part of the first sentence ("one" came
+    out as "fünfzehntausendein" from the quick start model, "ein" without it)."""
+    stream = io.BytesIO(b"\xef\xbb\xbfone\r\ntwo\r\n\xef\xbb\xbfthree\n")
+    assert list(read_lines(stream, "x.txt")) == ["one", "two", "\ufeffthree"]  # only at the start
+
+
 def test_metrics() -> None:
     refs = ["the cat sat on the mat", "a dog"]
     assert bleu(refs, refs).score == pytest.approx(100.0)

@@ -8,6 +8,7 @@ validation set from a training corpus (deduplicated against it) when the user ga
 
 from __future__ import annotations
 
+import codecs
 import logging
 import random
 from array import array
@@ -70,13 +71,16 @@ class DataStats:
 
 
 def read_lines(stream: BinaryIO, name: str) -> Iterator[str]:
-    """Decoded lines of a binary stream without their newline; invalid UTF-8 is a DataError
-    that names the file (`name`) and the line."""
+    """Decoded lines of a binary stream without their newline (LF or CRLF) and without a UTF-8
+    byte order mark at its start (Windows editors write one; it would be part of the first
+    sentence); invalid UTF-8 is a DataError that names the file (`name`) and the line."""
     line_no = 0
     while raw := stream.readline(MAX_LINE_BYTES + 1):
         line_no += 1
         if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
             raw = _cut_long_line(stream, raw, f"{name}: line {line_no}")
+        if line_no == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8) :]
         try:
             yield raw.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError as e:
