@@ -49,3 +49,29 @@ def test_aiayn_gc_default_leaves_the_collector_alone(monkeypatch):
         assert gp.freeze_startup() == 0 and gc.get_freeze_count() == 0
     finally:
         gc.unfreeze()
+
+
+def test_the_command_freezes_torch_but_help_and_data_never_import_it():
+    """`import aiayn` leaves torch out (`aiayn --help` took 2.1 s, 0.3 s without it); a command
+    that needs torch imports it in `startup`, before the freeze, so torch's objects are frozen
+    as before."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import gc, sys\n"
+        "from aiayn.cli.main import main, startup\n"
+        "try:\n"
+        "    main(['--help'], on_start=startup)\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "startup('data')\n"
+        "assert 'torch' not in sys.modules, 'help or data imported torch'\n"
+        "gc.unfreeze()\n"
+        "before = len(gc.get_objects())\n"
+        "startup('translate')\n"
+        "assert 'torch' in sys.modules\n"
+        "assert gc.get_freeze_count() > before + 50_000, (before, gc.get_freeze_count())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

@@ -112,6 +112,7 @@ def test_every_public_name_is_importable_from_aiayn():
 
     missing = [name for name in aiayn.__all__ if not hasattr(aiayn, name)]
     assert missing == []
+    assert set(aiayn._LAZY) <= set(aiayn.__all__)  # a lazy name left out of __all__ is hidden
     from aiayn import Tokenizer, Transformer, Translator, train  # the README's spelling
 
     assert Translator.__module__ == "aiayn.translate.translator" and callable(train)
