@@ -396,6 +396,11 @@ def _break_shape(d: Path) -> None:
     save_file(tensors, d / "model.safetensors")
 
 
+def _break_shard_path(d: Path) -> None:  # an index that sends the reader out of the directory
+    index = {"weight_map": {"model.shared.weight": "../elsewhere.safetensors"}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
 BAD = {
     "no vocab.json": (_break_missing_vocab, "has no vocab.json"),
     "no config.json": (_break_missing_config, "has no config.json"),
@@ -411,6 +416,8 @@ BAD = {
     "layers": (lambda d: _config(d, decoder_layers=3), "one n_layers"),
     "unscaled": (lambda d: _config(d, scale_embedding=False), "scale_embedding=false"),
     "pre-LN": (lambda d: _config(d, normalize_before=True), "normalize_before=true"),
+    "shard path": (_break_shard_path, "names a shard that is not a file name of the directory: "
+                   "'../elsewhere.safetensors'"),
 }  # fmt: skip
 
 
