@@ -418,6 +418,8 @@ BAD = {
     "pre-LN": (lambda d: _config(d, normalize_before=True), "normalize_before=true"),
     "shard path": (_break_shard_path, "names a shard that is not a file name of the directory: "
                    "'../elsewhere.safetensors'"),
+    "shard not a name": (lambda d: (d / "model.safetensors.index.json").write_text(
+        '{"weight_map": {"a": "model.safetensors", "b": ["x"]}}'), "directory: ['x']"),
 }  # fmt: skip
 
 

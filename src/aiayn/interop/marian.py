@@ -120,15 +120,16 @@ def read_weights(hf_dir: Path) -> dict[str, Tensor]:
     """The tensors of model.safetensors (or of the shards its index names), as float32."""
     if (hf_dir / SHARD_INDEX).is_file():
         index = _read_json(hf_dir / SHARD_INDEX).get("weight_map", {})
-        files = sorted(set(index.values())) if isinstance(index, dict) else []
+        names = list(index.values()) if isinstance(index, dict) else []
         outside = [
-            n for n in files if not isinstance(n, str) or Path(n).name != n or n in ("", ".", "..")
+            n for n in names if not isinstance(n, str) or Path(n).name != n or n in ("", "..")
         ]
         if outside:  # a shard is a file of this directory, never a path to elsewhere
             raise CheckpointError(
                 f"{hf_dir}/{SHARD_INDEX} names a shard that is not a file name of the "
                 f"directory: {outside[0]!r}"
             )
+        files = sorted(set(names))
     elif (hf_dir / WEIGHTS).is_file():
         files = [WEIGHTS]
     else:
