@@ -151,6 +151,24 @@ def test_average_refuses_mixed_configs(tiny_cfg, tmp_path):
         write_average([tmp_path / "a", tmp_path / "b"], tmp_path / "avg")
 
 
+def test_average_refuses_other_runs_tokenizers_and_says_a_repeated_input(
+    tiny_cfg, tmp_path, caplog
+):
+    """Two runs' models of one config but different vocabularies averaged without a word (the
+    config holds only the vocabulary's size); a directory given twice counts twice, said."""
+    for name, spm in (("a", b"spm one"), ("b", b"spm two"), ("c", b"spm one")):
+        model, _ = _model_and_opt(tiny_cfg)
+        save_model_dir(model, tmp_path / name)
+        (tmp_path / name / "tokenizer.model").write_bytes(spm)
+    a, b, c = (tmp_path / n for n in "abc")
+    with pytest.raises(CheckpointError, match="has another tokenizer than .*different runs"):
+        write_average([a, b], tmp_path / "ab")
+    assert not (tmp_path / "ab").exists()
+    with caplog.at_level("WARNING"):
+        write_average([a, c, a], tmp_path / "aca")
+    assert caplog.text.count("is given more than once") == 1
+
+
 def test_cli_average_last_k_of_a_run(tiny_cfg, tmp_path, capsys):
     model, opt = _model_and_opt(tiny_cfg)
     for step in (1, 2, 3):

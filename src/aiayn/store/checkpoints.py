@@ -5,6 +5,7 @@ new model directory. Each is written by `atomic_dir`, so a kill leaves the previ
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ from aiayn.store.model_dir import (
     save_tensors,
 )
 from aiayn.text.tokenizer import TOKENIZER_FILES
+
+log = logging.getLogger(__name__)
 
 CHECKPOINTS_DIR = "checkpoints"
 OPTIM_FILE = "optimizer.safetensors"
@@ -159,20 +162,52 @@ def write_average(dirs: list[Path], out: str | Path, *, replace: bool = False) -
     out = Path(out)
     if not replace:
         check_new_dir(out)  # before the work, not after it
+    dirs = [Path(d) for d in dirs]
+    _check_one_vocabulary(dirs)
+    seen: set[Path] = set()
+    for d in dirs:
+        if d.resolve() in seen:
+            log.warning("%s is given more than once: it counts that many times in the mean", d)
+        seen.add(d.resolve())
     averaged = average_checkpoints(dirs)
     model = load_model_dir(dirs[0])
     model.load_state_dict(averaged, strict=False)
-    first = Path(dirs[0])
     with atomic_dir(out, replace=replace) as tmp:
         save_model_dir(model, tmp)
         # The tokenizer and the run's recipe (whose [decode] table gives the model its search
         # settings) sit in a model dir, or in the run dir above a checkpoint.
-        # The tokenizer's files (one, or Marian's three) are taken together from one place.
         for names in (TOKENIZER_FILES, (RUN_CONFIG_FILE,)):
-            for place in (first, first.parent.parent):
-                found = [name for name in names if (place / name).is_file()]
+            for place, found in _files_of(dirs[0], names):
                 for name in found:
                     atomic_write_bytes(tmp / name, (place / name).read_bytes())
-                if found:
-                    break
     return out
+
+
+def _files_of(model: Path, names: tuple[str, ...]) -> list[tuple[Path, list[str]]]:
+    """Where the files `names` of a model directory or checkpoint are: the directory itself,
+    else the run directory above a checkpoint; [(place, the names found there)], or [].
+    A tokenizer's files (one, or Marian's three) are taken together from one place."""
+    for place in (model, model.parent.parent):
+        found = [name for name in names if (place / name).is_file()]
+        if found:
+            return [(place, found)]
+    return []
+
+
+def _check_one_vocabulary(dirs: list[Path]) -> None:
+    """Averaging is for checkpoints of one run: weights of models whose tokenizers differ
+    give each embedding row the mean of different pieces' vectors (the config, which holds
+    only the vocabulary's size, cannot tell)."""
+    first: bytes | None = None
+    for d in dirs:
+        tokenizer = b"".join(
+            (place / name).read_bytes() for place, found in _files_of(d, TOKENIZER_FILES)
+            for name in found
+        )  # fmt: skip
+        if first is None:
+            first = tokenizer
+        elif tokenizer and first and tokenizer != first:
+            raise CheckpointError(
+                f"{d} has another tokenizer than {dirs[0]}: checkpoints of different runs "
+                "cannot be averaged"
+            )
