@@ -296,6 +296,14 @@ def test_plot_log_errors_and_cli(tmp_path, capsys):
     assert (tmp_path / "curves.png").read_bytes().startswith(PNG)
     assert main(["plot-log", str(tmp_path / "nowhere")]) == 2
     assert "no metrics log" in capsys.readouterr().err
+    # an --out whose suffix is no image format was matplotlib's ValueError traceback
+    assert main(["plot-log", str(tmp_path), "--out", str(tmp_path / "curves.de")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ".de is not an image format" in err
+    assert main(["plot-log", str(tmp_path), "--out", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert main(["plot-log", str(tmp_path), "--out", str(tmp_path / "c.svg")]) == 0
+    assert (tmp_path / "c.svg").read_text().lstrip().startswith("<?xml")
 
 
 # --- the interactive page in a real browser -------------------------------------------------------

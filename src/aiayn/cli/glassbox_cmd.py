@@ -184,15 +184,17 @@ def run_attend(args: argparse.Namespace) -> int:
 def add_plot_log(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plot-log", help="training curves (loss, perplexity, lr, BLEU) as PNG")
     p.add_argument("run_dir", type=Path, help="a training run directory (or its metrics.jsonl)")
-    p.add_argument("--out", type=Path, help="PNG path (default RUN_DIR/curves.png)")
+    p.add_argument("--out", type=Path, help="image path, its format from the suffix: .png, "
+                   ".svg, .pdf, ... (default RUN_DIR/curves.png)")  # fmt: skip
 
 
 def run_plot_log(args: argparse.Namespace) -> int:
-    from aiayn.glassbox.viz import plot_training_log, write_figure
+    from aiayn.glassbox.viz import figure_format, plot_training_log, write_figure
 
-    fig = plot_training_log(args.run_dir)
     run_dir = args.run_dir if args.run_dir.is_dir() else args.run_dir.parent
     out = args.out or run_dir / "curves.png"
+    figure_format(out)  # a bad --out is said before the log is read
+    fig = plot_training_log(args.run_dir)
     write_figure(fig, out, dpi=100)
     print(f"wrote {out}")
     return 0

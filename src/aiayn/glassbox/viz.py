@@ -74,6 +74,22 @@ class AttentionExample:
         }[kind]
 
 
+def figure_format(path: str | Path) -> str:
+    """The image format `path`'s suffix names (PNG without one); a suffix matplotlib cannot
+    write, or a directory, is an AiaynError, said before any work is done."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = Path(path)
+    if path.is_dir():
+        raise AiaynError(f"--out {path} is a directory; give an image file (e.g. curves.png)")
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if fmt not in formats:
+        raise AiaynError(f"--out {path}: .{fmt} is not an image format that can be written "
+                         f"(png, svg, pdf, jpg, ...: {', '.join(sorted(formats))})")  # fmt: skip
+    return fmt
+
+
 def write_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
     """Save `fig` to `path` whole or not at all (the format from the suffix, else PNG)."""
     import io
@@ -82,7 +98,7 @@ def write_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
 
     path = Path(path)
     data = io.BytesIO()
-    fig.savefig(data, format=path.suffix.lstrip(".").lower() or "png", dpi=dpi)
+    fig.savefig(data, format=figure_format(path), dpi=dpi)
     atomic_write_bytes(path, data.getvalue())
     return path
 
