@@ -467,7 +467,8 @@ def test_non_loopback_needs_a_key_and_bad_flags_are_one_line(served_model_dir, c
             ([flag, value, "--host", "0.0.0.0"], message)
             for flag, value, message in [
                 ("--timeout", "nan", "--timeout must be positive (at most 2,147,483,647)"),
-                ("--window-ms", "inf", "--window-ms must be in 0..10,000"),
+                ("--window-ms", "inf", "--window-ms must be in 0..10,000, got inf"),
+                ("--port", "65536", "--port must be in 0..65535, got 65536"),
                 ("--max-output-tokens", str(10**20), "--max-output-tokens must be positive"),
             ]
         ],

@@ -89,8 +89,10 @@ def run_serve(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if not 0 < value <= MAX_FLAG:
             raise AiaynError(f"--{name.replace('_', '-')} must be positive (at most {MAX_FLAG:,})")
-    if not (0 <= args.window_ms <= MAX_WINDOW_MS and 0 <= args.port < 65536):
-        raise AiaynError(f"--window-ms must be in 0..{MAX_WINDOW_MS:,} and --port in 0..65535")
+    if not 0 <= args.window_ms <= MAX_WINDOW_MS:  # nan too
+        raise AiaynError(f"--window-ms must be in 0..{MAX_WINDOW_MS:,}, got {args.window_ms}")
+    if not 0 <= args.port < 65536:
+        raise AiaynError(f"--port must be in 0..65535, got {args.port}")
     if bool(args.source_lang) != bool(args.target_lang):
         raise AiaynError("give both --source-lang and --target-lang, or neither")
     if args.examples is not None:
