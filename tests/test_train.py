@@ -1157,6 +1157,31 @@ def test_out_of_range_training_values_are_one_line_config_errors(field, value):
     assert "\n" not in str(e.value)
 
 
+def test_a_batch_whose_logits_cannot_fit_is_refused_but_a_small_corpus_is_not():
+    """The logits of the largest batch (target positions x vocabulary) and their gradient are
+    a lower bound of a step's memory. The plan's real batches are sized, not max_tokens: a
+    corpus smaller than max_tokens makes one small batch, and trains."""
+    from aiayn.errors import ConfigError
+    from aiayn.runtime.device import choose_precision, total_memory
+    from aiayn.text.batches import Example
+    from aiayn.training.train import check_batch_fits
+
+    cpu = torch.device("cpu")
+    fp32 = choose_precision("fp32", cpu)
+    have = total_memory(cpu)
+    assert have is not None
+    pairs = [Example(tuple(range(4, 24)), tuple(range(2, 23))) for _ in range(100)]  # 20 each
+    vocab = have // (100 * 20 * 8) + 1  # all 100 in one batch: fp32 logits x 2 pass `have`
+    small = ModelConfig(vocab_size=1000, d_model=4, n_heads=1, n_layers=1, d_ff=4)
+    check_batch_fits(small, pairs, TrainConfig(max_tokens=10**12), fp32)  # 16 MB of logits
+    wide = dataclasses.replace(small, vocab_size=vocab)
+    refused = r"max_tokens=1,000,000,000,000 makes batches of up to 2,000 target positions"
+    with pytest.raises(ConfigError, match=refused + ".*lower train.max_tokens") as e:
+        check_batch_fits(wide, pairs, TrainConfig(max_tokens=10**12), fp32)
+    assert "\n" not in str(e.value)
+    check_batch_fits(wide, pairs, TrainConfig(max_tokens=200), fp32)  # batches of 10: a tenth
+
+
 def test_noam_needs_a_warmup_and_threads_are_checked_before_they_are_set():
     from aiayn.errors import ConfigError
     from aiayn.training.train import check_recipe

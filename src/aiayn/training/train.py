@@ -28,7 +28,13 @@ from aiayn.atomic import atomic_write_json, atomic_write_text
 from aiayn.config import RUN_CONFIG_FILE, Config, ModelConfig, TrainConfig, to_dict
 from aiayn.errors import ConfigError
 from aiayn.nn.model import Transformer, count_parameters
-from aiayn.runtime.device import check_threads, choose_precision, set_threads, total_memory
+from aiayn.runtime.device import (
+    Precision,
+    check_threads,
+    choose_precision,
+    set_threads,
+    total_memory,
+)
 from aiayn.runtime.distributed import Dist, init_distributed, stop_on_signals
 from aiayn.runtime.progress import interactive
 from aiayn.store.model_dir import load_model_config, load_model_dir
@@ -39,7 +45,7 @@ from aiayn.store.run_dir import (
     find_resume,
     restore_checkpoint,
 )
-from aiayn.text.batches import collate
+from aiayn.text.batches import Example, batch_plan, collate
 from aiayn.text.corpus import HELDOUT_FILES, DataStats, Heldout, hold_out, read_parallel
 from aiayn.text.data import StepLoader, load_data
 from aiayn.text.tokenizer import Tokenizer
@@ -200,6 +206,47 @@ def check_model_fits(model_cfg: ModelConfig, device: torch.device, copies: int =
         )
 
 
+def check_batch_fits(
+    model_cfg: ModelConfig,
+    train: list[Example],
+    tc: TrainConfig,
+    precision: Precision,
+    copies: int = 1,
+) -> None:
+    """Refuse a `train.max_tokens` whose largest batch cannot fit. A lower bound of a step's
+    memory, each part certainly held at once: the parameters' TRAIN_BYTES_PER_PARAM; the
+    logits (target positions x vocabulary) and their gradient; and every FFN's two inputs
+    (d_model and d_ff a position), which its backward keeps, in each layer of both stacks.
+    `max_tokens = 10^7` on a 24 GiB machine was an allocation failure, or the kernel's OOM
+    killer, after the tokenizer and the data were ready."""
+    have = total_memory(precision.device)
+    plan = batch_plan(train, tc.max_tokens, seed=tc.seed)
+    if have is None or not plan:
+        return
+    itemsize = 2 if precision.dtype == "bf16" else 4
+
+    def held(batch: list[int]) -> tuple[int, int, int]:  # (bytes, logits' bytes, target positions)
+        tgt = len(batch) * max(train[i].tgt_positions for i in batch)
+        src = len(batch) * max(len(train[i].src) for i in batch)
+        logits = tgt * model_cfg.vocab_size * itemsize * 2  # the logits and their gradient
+        ffn = model_cfg.n_layers * (src + tgt) * (model_cfg.d_model + model_cfg.d_ff) * itemsize
+        return logits + ffn, logits, tgt
+
+    step, logits, tgt = max(held(b) for b in plan)
+    with torch.device("meta"):
+        params = count_parameters(Transformer(model_cfg))
+    need = (step + params * TRAIN_BYTES_PER_PARAM) * copies
+    if need > have:
+        raise ConfigError(
+            f"train.max_tokens={tc.max_tokens:,} makes batches of up to {tgt:,} target "
+            f"positions: their logits over {model_cfg.vocab_size:,} pieces and the gradient "
+            f"hold {logits / 2**30:,.1f} GiB ({precision.dtype}), and a step at least "
+            f"{need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB "
+            f"{precision.device.type} has; lower train.max_tokens (and raise "
+            "train.accum_steps to keep the update's size)"
+        )
+
+
 def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[Run, torch.nn.Module]:
     """Everything before the first step: checks, tokenizer, data, model, optimizer, resume.
 
@@ -231,6 +278,7 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[Run, torch.nn.Mo
     if resume is not None:
         check_resumable(out, cfg, fingerprint)
     data = load_data(tc, tok, d, heldout)
+    check_batch_fits(cfg.model, data.train, tc, precision, copies)
     if d.main and resume is None:  # once per run: a resume has the same data (data_sha256)
         _log_data_check(tc)
     torch.manual_seed(tc.seed)  # seeds the GPU's generator too
