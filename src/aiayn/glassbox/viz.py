@@ -326,6 +326,7 @@ def read_metrics(path: str | Path) -> tuple[list[dict], int]:
 
 # panel title, [(key, label)], y axis: "log", "linear", or "auto" (log when the values span
 # more than SPREAD_FOR_LOG: a diverged run's loss spike flattens a linear panel)
+SPREAD_FOR_LOG = 1e3
 CURVES = [
     ("loss", [("loss", "train (label-smoothed)"), ("valid_loss", "valid")], "auto"),
     ("perplexity", [("ppl", "train"), ("valid_ppl", "valid")], "log"),
@@ -338,9 +339,6 @@ CURVES = [
         "linear",
     ),
 ]
-
-
-SPREAD_FOR_LOG = 1e3
 
 
 def plot_training_log(run_dir: str | Path) -> Figure:
