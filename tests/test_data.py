@@ -92,6 +92,17 @@ def test_a_line_longer_than_the_cap_is_cut_and_the_next_line_stays_aligned(monke
     assert "in.txt: line 3 is longer than 8 bytes" in caplog.text
 
 
+def test_count_lines_counts_as_read_lines_reads(tmp_path):
+    """A last line without a newline counts; a line longer than a read block is one line."""
+    import io
+
+    from aiayn.text.corpus import count_lines, read_lines
+
+    for text in ["", "a", "a\n", "a\nb", "\n\n", "x" * (3 << 20) + "\ny", "é\r\nü\r\n"]:
+        path = write(tmp_path / "c.txt", text)
+        assert count_lines(path) == len(list(read_lines(io.BytesIO(text.encode()), "c.txt")))
+
+
 def test_tsv_with_wrong_field_count(tmp_path):
     tsv = write(tmp_path / "a.tsv", "a\tb\nc\n")
     with pytest.raises(DataError, match="line 2 has 1 tab-separated fields") as e:

@@ -86,6 +86,23 @@ def test_every_planted_problem_is_found_at_its_line(planted):
     assert report.examples["control"][0]["src"] == PLANTED["control"][0]
 
 
+def test_the_progress_bar_changes_nothing_found(planted, monkeypatch, capsys):
+    """`aiayn data check` shows a bar over the pairs (1M pairs took 18 s without a word); it
+    counts every pair, updated every BAR_EVERY, and the report is the one without it."""
+    import aiayn.runtime.progress as progress
+    import aiayn.text.check as check
+
+    (src, tgt), valid, _ = planted
+    monkeypatch.setattr(check, "BAR_EVERY", 7)  # updates inside the file and a remainder
+    monkeypatch.setattr(progress, "interactive", lambda: True)  # a bar, as on a terminal
+    with_bar = check_corpus(src, tgt, {"valid": valid}, bar=True)
+    err = capsys.readouterr().err
+    assert "check train.en: 100%" in err and "48/48" in err and "3/3" in err
+    plain = check_corpus(src, tgt, {"valid": valid})
+    assert capsys.readouterr().err == ""
+    assert with_bar.counts == plain.counts and with_bar.examples == plain.examples
+
+
 def test_a_clean_corpus_reports_nothing(tmp_path):
     src, tgt = write_pairs(tmp_path, "train", clean_pairs())
     valid = write_pairs(tmp_path, "valid", [("A new sentence.", "Ein neuer Satz.")])

@@ -133,7 +133,7 @@ def run_data_check(args: argparse.Namespace) -> int:
         from aiayn.atomic import check_new_dir
 
         check_new_dir(args.write, "--write")
-    report = check_corpus(args.src, args.tgt, evals, max_chars=args.max_chars)
+    report = check_corpus(args.src, args.tgt, evals, max_chars=args.max_chars, bar=True)
     written = write_clean(report, args.write) if args.write is not None else None
     if args.json:
         print(json.dumps({**report.to_json(), **({"written": written} if written else {})}))

@@ -42,7 +42,8 @@ import numpy as np
 
 from aiayn.atomic import atomic_dir
 from aiayn.errors import DataError
-from aiayn.text.corpus import raw_pairs
+from aiayn.runtime.progress import progress
+from aiayn.text.corpus import count_lines, raw_pairs
 
 PAIR_KINDS = ("empty", "control", "long", "copies", "misaligned", "script", "duplicates",
               "near_duplicates")  # fmt: skip
@@ -52,6 +53,7 @@ MAX_CHARS = 1000  # a side longer than this is more likely a paragraph or a brok
 MISALIGNED_RATIO = 3.0
 RATIO_MIN_CHARS = 20  # shorter pairs vary too much in length ratio to judge
 N_EXAMPLES = 3
+BAR_EVERY = 1000  # pairs between updates of the progress bar: its cost stays out of the scan
 
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ufffd]")
 _PUNCT = re.compile(r"[^\w\s]|_")
@@ -141,35 +143,44 @@ class CheckReport:
         return ", ".join(found) if found else "nothing found"
 
 
-def _scan(src: str | Path, tgt: str | Path | None, max_chars: int, training: bool) -> _Side:
+def _scan(
+    src: str | Path, tgt: str | Path | None, max_chars: int, training: bool, bar: bool = False
+) -> _Side:
     """One streaming pass over a file pair, or a TSV (DataError for missing, empty, unequal or
-    non-UTF-8 files): hashes for every line, and the line indices of the per-line kinds."""
+    non-UTF-8 files): hashes for every line, and the line indices of the per-line kinds;
+    `bar`: a progress bar over the pairs (their count read first: a pass at disk speed)."""
     side = _Side(flags={k: [] for k in ("empty", "control", "long", "copies", "script")})
     scripts = [SCRIPTS.get(language_of(p) or "") if p else None for p in (src, tgt)]
-    for i, (s, t) in enumerate(raw_pairs(src, tgt)):
-        s, t = s.strip(), t.strip()
-        ns, nt = normalise(s), normalise(t)
-        side.pair.append(hash((s, t)))
-        side.norm.append(hash((ns, nt)))
-        side.source.append(hash(ns))
-        side.log_ratio.append(math.log((len(t) + 1) / (len(s) + 1)))
-        side.judged.append(bool(s and t) and max(len(s), len(t)) >= RATIO_MIN_CHARS)
-        if not training:
-            continue
-        kinds = side.flags
-        if not s or not t:
-            kinds["empty"].append(i)
-        if _CONTROL.search(s) or _CONTROL.search(t):
-            kinds["control"].append(i)
-        if len(s) > max_chars or len(t) > max_chars:
-            kinds["long"].append(i)
-        if ns == nt and any(c.isalpha() for c in ns):
-            kinds["copies"].append(i)
-        if any(
-            sc and text and not fits_script(text, sc)
-            for sc, text in zip(scripts, (s, t), strict=True)
-        ):
-            kinds["script"].append(i)
+    pairs = raw_pairs(src, tgt)  # checks the files before they are counted
+    total = count_lines(src) if bar else None
+    with progress(total=total, unit="pair", desc=f"check {Path(src).name}", disable=not bar) as pb:
+        for i, (s, t) in enumerate(pairs):
+            if i % BAR_EVERY == 0 and i:
+                pb.update(BAR_EVERY)
+            s, t = s.strip(), t.strip()
+            ns, nt = normalise(s), normalise(t)
+            side.pair.append(hash((s, t)))
+            side.norm.append(hash((ns, nt)))
+            side.source.append(hash(ns))
+            side.log_ratio.append(math.log((len(t) + 1) / (len(s) + 1)))
+            side.judged.append(bool(s and t) and max(len(s), len(t)) >= RATIO_MIN_CHARS)
+            if not training:
+                continue
+            kinds = side.flags
+            if not s or not t:
+                kinds["empty"].append(i)
+            if _CONTROL.search(s) or _CONTROL.search(t):
+                kinds["control"].append(i)
+            if len(s) > max_chars or len(t) > max_chars:
+                kinds["long"].append(i)
+            if ns == nt and any(c.isalpha() for c in ns):
+                kinds["copies"].append(i)
+            if any(
+                sc and text and not fits_script(text, sc)
+                for sc, text in zip(scripts, (s, t), strict=True)
+            ):
+                kinds["script"].append(i)
+        pb.update(len(side.pair) - pb.n)
     return side
 
 
@@ -187,15 +198,17 @@ def check_corpus(
     *,
     max_chars: int = MAX_CHARS,
     examples: bool = True,
+    bar: bool = False,
 ) -> CheckReport:
     """Check a training corpus, two files or a TSV (`tgt` None), and validation/test pairs
     `evals` (e.g. {"valid": (s, t)}) for overlap with it.
 
     Returns counts of every kind (module docstring), with up to N_EXAMPLES examples each
-    (`examples=False` skips the second pass that reads them). Bad input (a missing, empty or
-    non-UTF-8 file, files of different line counts) is a DataError.
+    (`examples=False` skips the second pass that reads them); `bar` shows a progress bar for
+    each file pair scanned (`aiayn data check`; training logs its check instead). Bad input
+    (a missing, empty or non-UTF-8 file, files of different line counts) is a DataError.
     """
-    train = _scan(src, tgt, max_chars, training=True)
+    train = _scan(src, tgt, max_chars, training=True, bar=bar)
     n = len(train.pair)
     masks = {k: np.zeros(n, dtype=bool) for k in PAIR_KINDS}
     for kind, lines in train.flags.items():
@@ -222,7 +235,7 @@ def check_corpus(
     files = {"src": str(src), "tgt": str(tgt or "")}
     for name, (es, et) in (evals or {}).items():
         files |= {f"{name}_src": str(es), f"{name}_tgt": str(et or "")}
-        ev = _scan(es, et, max_chars, training=False)
+        ev = _scan(es, et, max_chars, training=False, bar=bar)
         e_norm = np.frombuffer(ev.norm, dtype=np.int64)
         e_src = np.frombuffer(ev.source, dtype=np.int64)
         pair_in = np.isin(e_norm, seen_norm)

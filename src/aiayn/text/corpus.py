@@ -112,9 +112,14 @@ def _lines(path: Path) -> Iterator[str]:
         yield from read_lines(f, str(path))
 
 
-def _count_lines(path: Path) -> int:
-    with path.open("rb") as f:
-        return sum(1 for _ in f)
+def count_lines(path: str | Path) -> int:
+    """Lines in the file `path` (a last line without a newline counts), read in 1 MiB blocks:
+    no line, however long, is held whole."""
+    n, last = 0, b"\n"
+    with Path(path).open("rb") as f:
+        while block := f.read(1 << 20):
+            n, last = n + block.count(b"\n"), block[-1:]
+    return n + (last != b"\n")
 
 
 def _aligned(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
@@ -222,7 +227,7 @@ def hold_out(src: str | Path, tgt: str | Path | None, seed: int) -> Heldout:
     The pairs are deduplicated by source, and training leaves out every pair whose source is a
     held-out one (`read_parallel(..., heldout=...)`), so no validation source is trained on.
     """
-    n = _count_lines(Path(src)) if Path(src).is_file() else 0  # a missing file: raised below
+    n = count_lines(src) if Path(src).is_file() else 0  # a missing file: raised below
     k = min(HELDOUT_MAX, int(HELDOUT_SHARE * n))
     drawn = frozenset(random.Random(seed).sample(range(n), k))
     pairs: list[tuple[str, str]] = []
