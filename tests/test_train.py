@@ -161,6 +161,23 @@ def tiny(corpus: dict[str, str], out: Path, **over: object):
     return load_config(CONFIGS / "tiny_copy.toml", [f"{k}={v}" for k, v in sets.items()])
 
 
+def test_the_data_check_of_a_run_has_a_bar_only_where_training_has_one(
+    corpus, tok, tmp_path, monkeypatch, capsys
+):
+    """Training's own data check is a pass over the corpus (minutes for a large one): on a
+    terminal it shows `aiayn data check`'s bar; with --no-progress, or in a log, none."""
+    import aiayn.runtime.progress as progress
+    import aiayn.training.train as training
+
+    monkeypatch.setattr(progress, "interactive", lambda: True)  # a terminal, as far as the bar
+    monkeypatch.setattr(training, "interactive", lambda: True)  # and training can tell
+    train(tiny(corpus, tmp_path / "bar", **{"train.max_steps": 1}), tokenizer=tok)
+    assert "check train.src: 100%" in capsys.readouterr().err
+    train(tiny(corpus, tmp_path / "quiet", **{"train.max_steps": 1}), tokenizer=tok,
+          progress=False)  # fmt: skip
+    assert "check train.src" not in capsys.readouterr().err
+
+
 def test_copy_task_learns_and_writes_a_model_directory(corpus, tmp_path, caplog):
     out = tmp_path / "run"
     with caplog.at_level(logging.INFO, logger="aiayn.training.train"):

@@ -134,7 +134,7 @@ def train(cfg: Config, *, tokenizer: Tokenizer | None = None, progress: bool = T
 
 
 def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainResult:
-    run, net = _prepare(cfg, tokenizer)
+    run, net = _prepare(cfg, tokenizer, progress)
     stopped = _loop(run, net, progress)
     finish_run(run, stopped, progress)
     return TrainResult(run.out, run.state.step, stopped, run.last_loss, run.state.best)
@@ -247,7 +247,9 @@ def check_batch_fits(
         )
 
 
-def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[Run, torch.nn.Module]:
+def _prepare(
+    cfg: Config, tokenizer: Tokenizer | None, progress: bool = False
+) -> tuple[Run, torch.nn.Module]:
     """Everything before the first step: checks, tokenizer, data, model, optimizer, resume.
 
     The device and every config value are checked before anything is written."""
@@ -280,7 +282,7 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[Run, torch.nn.Mo
     data = load_data(tc, tok, d, heldout)
     check_batch_fits(cfg.model, data.train, tc, precision, copies)
     if d.main and resume is None:  # once per run: a resume has the same data (data_sha256)
-        _log_data_check(tc)
+        _log_data_check(tc, bar=progress and interactive())  # a log file gets its lines
     torch.manual_seed(tc.seed)  # seeds the GPU's generator too
     random.seed(tc.seed)
     precision.apply()
@@ -326,15 +328,16 @@ def _prepare(cfg: Config, tokenizer: Tokenizer | None) -> tuple[Run, torch.nn.Mo
     return Run(cfg, tok, data, model, opt, state, d, out, precision), net
 
 
-def _log_data_check(tc: TrainConfig) -> None:
-    """Say what `aiayn data check` finds in the corpus (counts only: one streaming pass)."""
+def _log_data_check(tc: TrainConfig, bar: bool = False) -> None:
+    """Say what `aiayn data check` finds in the corpus (counts only: one streaming pass, with
+    its progress bar where `bar`: a large corpus takes a minute or more)."""
     from aiayn.text.check import check_corpus
 
     t0 = time.monotonic()
     evals: dict[str, tuple[str | Path, str | Path | None]] = {}
     if tc.valid_src:
         evals["valid"] = (tc.valid_src, tc.valid_tgt or None)
-    report = check_corpus(tc.src, tc.tgt or None, evals, examples=False)
+    report = check_corpus(tc.src, tc.tgt or None, evals, examples=False, bar=bar)
     if any(report.counts.values()):
         flags = f"--src {tc.src}" + (f" --tgt {tc.tgt}" if tc.tgt else "")
         if tc.valid_src:
