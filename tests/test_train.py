@@ -161,21 +161,30 @@ def tiny(corpus: dict[str, str], out: Path, **over: object):
     return load_config(CONFIGS / "tiny_copy.toml", [f"{k}={v}" for k, v in sets.items()])
 
 
-def test_the_data_check_of_a_run_has_a_bar_only_where_training_has_one(
+def test_the_data_check_and_encoding_of_a_run_have_bars_only_where_training_has_one(
     corpus, tok, tmp_path, monkeypatch, capsys
 ):
-    """Training's own data check is a pass over the corpus (minutes for a large one): on a
-    terminal it shows `aiayn data check`'s bar; with --no-progress, or in a log, none."""
+    """Training's own data check and the encoding are passes over the corpus (minutes for a
+    large one): on a terminal each shows a bar; with --no-progress, or in a log, none."""
     import aiayn.runtime.progress as progress
     import aiayn.training.train as training
 
     monkeypatch.setattr(progress, "interactive", lambda: True)  # a terminal, as far as the bar
     monkeypatch.setattr(training, "interactive", lambda: True)  # and training can tell
-    train(tiny(corpus, tmp_path / "bar", **{"train.max_steps": 1}), tokenizer=tok)
-    assert "check train.src: 100%" in capsys.readouterr().err
+    dropped = {"train.src": tmp_path / "train.src", "train.tgt": tmp_path / "train.tgt"}
+    for key, extra in (("train.src", "a b\n" * 5), ("train.tgt", "\n" * 5)):  # 5 empty sides
+        dropped[key].write_text(Path(corpus[key]).read_text() + extra)
+    bar = tiny({**corpus, **{k: str(v) for k, v in dropped.items()}}, tmp_path / "bar",
+               **{"train.max_steps": 1})  # fmt: skip
+    train(bar, tokenizer=tok)
+    err = capsys.readouterr().err
+    assert "check train.src: 100%" in err and "405/405" in err
+    # the encoding's bar ends at 100% of the pairs passed on, not at 400 of the file's 405
+    assert "encode train.src: 100%" in err and "400/400" in err
     train(tiny(corpus, tmp_path / "quiet", **{"train.max_steps": 1}), tokenizer=tok,
           progress=False)  # fmt: skip
-    assert "check train.src" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "check train.src" not in err and "encode train.src" not in err
 
 
 def test_copy_task_learns_and_writes_a_model_directory(corpus, tmp_path, caplog):

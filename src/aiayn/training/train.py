@@ -279,7 +279,7 @@ def _prepare(
     fingerprint = data_fingerprint(tc)
     if resume is not None:
         check_resumable(out, cfg, fingerprint)
-    data = load_data(tc, tok, d, heldout)
+    data = load_data(tc, tok, d, heldout, bar=progress and d.main and interactive())
     check_batch_fits(cfg.model, data.train, tc, precision, copies)
     if d.main and resume is None:  # once per run: a resume has the same data (data_sha256)
         _log_data_check(tc, bar=progress and interactive())  # a log file gets its lines
