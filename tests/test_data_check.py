@@ -90,10 +90,9 @@ def test_the_progress_bar_changes_nothing_found(planted, monkeypatch, capsys):
     """`aiayn data check` shows a bar over the pairs (1M pairs took 18 s without a word); it
     counts every pair, updated every BAR_EVERY, and the report is the one without it."""
     import aiayn.runtime.progress as progress
-    import aiayn.text.check as check
 
     (src, tgt), valid, _ = planted
-    monkeypatch.setattr(check, "BAR_EVERY", 7)  # updates inside the file and a remainder
+    monkeypatch.setattr(progress, "BAR_EVERY", 7)  # updates inside the file and a remainder
     monkeypatch.setattr(progress, "interactive", lambda: True)  # a bar, as on a terminal
     with_bar = check_corpus(src, tgt, {"valid": valid}, bar=True)
     err = capsys.readouterr().err

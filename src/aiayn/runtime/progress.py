@@ -10,13 +10,15 @@ fairseq's `--log-format` chooses the same way (tqdm on a terminal, `simple` line
 from __future__ import annotations
 
 import sys
-from typing import Any, TextIO
+from collections.abc import Iterable, Iterator
+from typing import Any, TextIO, TypeVar
 
 from tqdm import tqdm as tqdm_std
 from tqdm.auto import tqdm as tqdm_auto
 from tqdm.autonotebook import tqdm as tqdm_notebook  # tqdm's own bar unless in a notebook
 
 LINE_INTERVAL_S = 30.0
+BAR_EVERY = 1000  # items between a bar's updates in `counted`: its cost stays out of the loop
 PLAIN_FORMAT = ("{desc}: {n_fmt}/{total_fmt} {unit}s ({percentage:.0f}%) in {elapsed}, "
                 "{rate_fmt}, {remaining} left{postfix}")  # fmt: skip
 
@@ -51,3 +53,17 @@ def progress(*, total: int | None, unit: str, desc: str | None = None, disable: 
     return tqdm_std(total=total, unit=unit, desc=desc, disable=disable, file=_Lines(sys.stderr),
                     mininterval=LINE_INTERVAL_S, delay=LINE_INTERVAL_S, bar_format=PLAIN_FORMAT,
                     **kw)  # fmt: skip
+
+
+T = TypeVar("T")
+
+
+def counted(items: Iterable[T], bar: tqdm_std) -> Iterator[T]:
+    """`items`, counted on `bar` every BAR_EVERY and at their end (a corpus's pairs: the bar's
+    own iteration would call it per item, and close it before the caller can settle its total)."""
+    n = 0
+    for n, item in enumerate(items, 1):
+        if n % BAR_EVERY == 0:
+            bar.update(BAR_EVERY)
+        yield item
+    bar.update(n % BAR_EVERY)

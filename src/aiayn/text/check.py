@@ -42,7 +42,7 @@ import numpy as np
 
 from aiayn.atomic import atomic_dir
 from aiayn.errors import DataError
-from aiayn.runtime.progress import progress
+from aiayn.runtime.progress import counted, progress
 from aiayn.text.corpus import count_lines, raw_pairs
 
 PAIR_KINDS = ("empty", "control", "long", "copies", "misaligned", "script", "duplicates",
@@ -53,7 +53,6 @@ MAX_CHARS = 1000  # a side longer than this is more likely a paragraph or a brok
 MISALIGNED_RATIO = 3.0
 RATIO_MIN_CHARS = 20  # shorter pairs vary too much in length ratio to judge
 N_EXAMPLES = 3
-BAR_EVERY = 1000  # pairs between updates of the progress bar: its cost stays out of the scan
 
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ufffd]")
 _PUNCT = re.compile(r"[^\w\s]|_")
@@ -154,9 +153,7 @@ def _scan(
     pairs = raw_pairs(src, tgt)  # checks the files before they are counted
     total = count_lines(src) if bar else None
     with progress(total=total, unit="pair", desc=f"check {Path(src).name}", disable=not bar) as pb:
-        for i, (s, t) in enumerate(pairs):
-            if i % BAR_EVERY == 0 and i:
-                pb.update(BAR_EVERY)
+        for i, (s, t) in enumerate(counted(pairs, pb)):
             s, t = s.strip(), t.strip()
             ns, nt = normalise(s), normalise(t)
             side.pair.append(hash((s, t)))
@@ -180,7 +177,6 @@ def _scan(
                 for sc, text in zip(scripts, (s, t), strict=True)
             ):
                 kinds["script"].append(i)
-        pb.update(len(side.pair) - pb.n)
     return side
 
 
@@ -205,7 +201,7 @@ def check_corpus(
 
     Returns counts of every kind (module docstring), with up to N_EXAMPLES examples each
     (`examples=False` skips the second pass that reads them); `bar` shows a progress bar for
-    each file pair scanned (`aiayn data check`; training logs its check instead). Bad input
+    each file pair scanned (`aiayn data check`, and training's own on a terminal). Bad input
     (a missing, empty or non-UTF-8 file, files of different line counts) is a DataError.
     """
     train = _scan(src, tgt, max_chars, training=True, bar=bar)

@@ -12,14 +12,13 @@ The path a sentence pair takes:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiayn.config import TrainConfig
 from aiayn.errors import ConfigError
 from aiayn.runtime.distributed import Dist
-from aiayn.runtime.progress import progress
+from aiayn.runtime.progress import counted, progress
 from aiayn.text.batches import Example, batch_plan, encode_pairs, padding_efficiency, resegment
 from aiayn.text.corpus import DataStats, Heldout, count_lines, read_parallel
 from aiayn.text.tokenizer import Tokenizer
@@ -57,7 +56,7 @@ def load_data(
     stats = DataStats()
     pb = progress(total=count_lines(tc.src) if bar else None, unit="pair", disable=not bar,
                   desc=f"encode {Path(tc.src).name}")  # fmt: skip
-    pairs_in = _counted(read_parallel(tc.src, tc.tgt or None, stats, heldout), pb.update)
+    pairs_in = counted(read_parallel(tc.src, tc.tgt or None, stats, heldout), pb)
     train_text: list[tuple[str, str]] = []
     if tc.subword_alpha:  # the text is segmented again each epoch: hold it
         if not tok.samples:
@@ -91,15 +90,6 @@ def load_data(
     if not train:
         raise ConfigError(f"no training pairs left after filtering {tc.src}")
     return RunData(train, valid, refs, srcs, stats.held_out, train_text)
-
-
-def _counted(
-    pairs: Iterable[tuple[str, str]], tick: Callable[[], object]
-) -> Iterator[tuple[str, str]]:
-    """`pairs`, with `tick()` after each (a progress bar's update)."""
-    for pair in pairs:
-        tick()
-        yield pair
 
 
 def _report(stats: DataStats, name: str, d: Dist) -> None:
