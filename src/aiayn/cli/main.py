@@ -12,7 +12,7 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from aiayn import __version__
 from aiayn.cli.data_cmd import add_data, add_info, run_data, run_info
@@ -56,13 +56,31 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable
 }
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser, which refuses what it does not know itself. argparse leaves a
+    subcommand's unknown arguments to the top parser, whose error shows `aiayn`'s usage
+    (`aiayn COMMAND ...`) instead of the one that lists the command's flags; nested
+    subcommands (`aiayn data check`) get this class too, as argparse makes them of their
+    parent's class."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiayn",
         description="The Transformer of 'Attention Is All You Need': train, translate, explain.",
     )
     parser.add_argument("--version", action="version", version=f"aiayn {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=CommandParser
+    )
     for add, _ in COMMANDS.values():
         add(sub)
     return parser
