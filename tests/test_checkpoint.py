@@ -211,3 +211,9 @@ def test_cli_average_last_k_of_a_run(tiny_cfg, tmp_path, capsys):
                      "--out", str(tmp_path / "avg3")]) == 2  # fmt: skip
         assert "--last must be at least 1" in capsys.readouterr().err
     assert not (tmp_path / "avg3").exists()
+    # a missing run, or its checkpoints/ given for it, was "has 0 checkpoints"
+    cases = [(tmp_path / "nope", "run directory not found"),
+             (tmp_path / "run" / "checkpoints", "give the run directory it is in")]  # fmt: skip
+    for run, said in cases:
+        assert main(["average", "--run", str(run), "--out", str(tmp_path / "avg4")]) == 2
+        assert said in capsys.readouterr().err

@@ -62,13 +62,18 @@ def add_average(sub: argparse._SubParsersAction) -> None:
 
 def run_average(args: argparse.Namespace) -> int:
     from aiayn.errors import CheckpointError
-    from aiayn.store.checkpoints import list_checkpoints, write_average
+    from aiayn.store.checkpoints import CHECKPOINTS_DIR, list_checkpoints, write_average
 
     dirs = list(args.inputs or [])
     if args.run is not None:
-        found = list_checkpoints(args.run)
         if args.last < 1:
             raise CheckpointError(f"--last must be at least 1, got {args.last}")
+        if not args.run.is_dir():
+            raise CheckpointError(f"run directory not found: {args.run}")
+        if args.run.name == CHECKPOINTS_DIR and not (args.run / CHECKPOINTS_DIR).exists():
+            raise CheckpointError(f"--run {args.run} is a run's checkpoints directory; give the "
+                                  f"run directory it is in, {args.run.parent}")  # fmt: skip
+        found = list_checkpoints(args.run)
         if len(found) < args.last:
             raise CheckpointError(f"{args.run} has {len(found)} checkpoints, --last {args.last}")
         dirs = found[-args.last :]

@@ -19,9 +19,9 @@ def add_translate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input", type=Path, help="UTF-8 text, one sentence per line (default stdin)")
     p.add_argument("--output", type=Path, help="default stdout; a file is replaced atomically")
     p.add_argument("--nbest", type=int, help="N best per line, 'i ||| text ||| score'")
-    p.add_argument(
-        "--buffer-size", type=int, default=0, help="lines per sorted batch group (default 1024)"
-    )
+    p.add_argument("--buffer-size", type=int, default=0,
+                   help="lines per sorted batch group (default 0: 1024, or 1 when typing at a "
+                        "terminal, so each line is answered as it is entered)")  # fmt: skip
 
 
 def run_translate(args: argparse.Namespace) -> int:
