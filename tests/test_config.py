@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.config import Config, ModelConfig, apply_overrides, load_config
+from aiayn.config import Config, ModelConfig, apply_overrides, builtin_configs, load_config
 from aiayn.errors import ConfigError
 from aiayn.search.settings import check_decode_config
 from aiayn.training.train import check_recipe
@@ -77,6 +77,24 @@ def test_bad_files_are_clear(tmp_path):
 
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.toml"))
+
+
+def test_the_recipes_are_built_in_by_name(tmp_path, monkeypatch):
+    """`aiayn train --config own_data` works from any directory (an installed aiayn has no
+    configs/ beside it): the repository's configs/ is the package's, by name or file name."""
+    assert builtin_configs() == [p.stem for p in CONFIGS] and "own_data" in builtin_configs()
+    monkeypatch.chdir(tmp_path)
+    by_path = load_config(CONFIGS[0])
+    assert load_config(CONFIGS[0].stem) == by_path == load_config(CONFIGS[0].name)
+    (tmp_path / "own_data.toml").write_text("[model]\nd_model = 64\nn_heads = 4\n")
+    assert load_config("own_data.toml").model.d_model == 64  # a file given wins over a name
+    with pytest.raises(ConfigError, match=r"not found: own_dta \(the built-in recipes, by "
+                       r"name: cpu_small, .*own_data"):  # fmt: skip
+        load_config("own_dta")
+    with pytest.raises(ConfigError, match="not found: sub/own_data.toml"):
+        load_config("sub/own_data.toml")  # a path is never taken for a name
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)

@@ -4,6 +4,9 @@
 `TrainConfig` and `DecodeConfig` hold the training recipe and the search settings.
 `Config` bundles the three; it is read from TOML (`configs/*.toml`) and changed with typed
 overrides (`--set train.warmup_steps=8000`), always through `dataclasses.replace`.
+
+The recipes live in the package (`aiayn/configs/`; the repository's `configs/` links to it),
+so an installed aiayn has them too: `load_config("own_data")` reads the built-in recipe.
 """
 
 from __future__ import annotations
@@ -290,17 +293,43 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     return cfg
 
 
+# The recipes shipped with aiayn, as package data: aiayn/configs/NAME.toml
+BUILTIN_CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def builtin_configs() -> list[str]:
+    """The names of the shipped recipes (`own_data`, `multi30k_en_de`, ...)."""
+    return sorted(p.stem for p in BUILTIN_CONFIGS_DIR.glob("*.toml"))
+
+
+def find_config(name_or_path: str | Path) -> Path:
+    """A config file: the path given where it exists, else the built-in recipe of that name
+    (`own_data` or `own_data.toml`: a bare name, so that a mistyped path is never replaced by
+    a recipe). Missing both: a ConfigError naming the recipes."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        raise ConfigError(f"config {path} is a directory; give a TOML file")
+    if len(path.parts) == 1 and path.suffix in ("", ".toml"):
+        builtin = BUILTIN_CONFIGS_DIR / f"{path.stem}.toml"
+        if builtin.is_file():
+            return builtin
+    raise ConfigError(f"config file not found: {path} (the built-in recipes, by name: "
+                      f"{', '.join(builtin_configs())})")  # fmt: skip
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Read a TOML config (tables [model], [train], [decode]) and apply `--set` overrides.
+
+    `path` is a file, or the name of a built-in recipe (`find_config`).
 
     `[model]` may name a `preset`; its other keys override the preset. `vocab_size` may be
     left out: it is filled from the tokenizer when training starts.
     """
-    path = Path(path)
+    path = find_config(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     unknown = set(data) - {"model", "train", "decode"}

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from aiayn.cli.flags import add_device_flag
+from aiayn.config import builtin_configs
 
 
 def add_train(sub: argparse._SubParsersAction) -> None:
@@ -14,7 +15,9 @@ def add_train(sub: argparse._SubParsersAction) -> None:
         "train",
         help="train (or resume) a translation model into train.out_dir; torchrun-aware",
     )
-    p.add_argument("--config", type=Path, required=True, help="a TOML preset, e.g. configs/X.toml")
+    p.add_argument("--config", type=Path, required=True,
+                   help="a TOML file, or a built-in recipe by name: "
+                        + ", ".join(builtin_configs()))  # fmt: skip
     p.add_argument(
         "--set",
         dest="overrides",
