@@ -125,7 +125,7 @@ def run_search(
 
 
 def model_or_search(
-    hyps: Sequence[Hypothesis], forced: dict, alpha: float
+    hyps: Sequence[Hypothesis], forced: dict, cfg: DecodeConfig
 ) -> dict[str, int | float]:
     """Item 2: among outputs shorter than their reference, search errors and model errors."""
     shorter = search_err = 0
@@ -133,7 +133,7 @@ def model_or_search(
         if len(h.tokens) >= n:
             continue
         shorter += 1
-        ref_score = lp / length_penalty(n + 1, alpha)
+        ref_score = lp / length_penalty(n + 1, cfg.alpha, cfg.length_penalty)
         search_err += ref_score > h.score
     return {
         "shorter_than_ref": shorter,
@@ -174,18 +174,18 @@ def main() -> None:
     print(f"{len(srcs)} sentences, reference mean {ref_tokens:.2f} subword tokens (+ EOS)")
     print("EOS along the references: " + ", ".join(f"{k} {v}" for k, v in out["eos"].items()))
     greedy, g_hyps = run_search(translator, srcs, refs, dataclasses.replace(base, beam_size=1))
-    greedy |= model_or_search(g_hyps, forced, base.alpha)
+    greedy |= model_or_search(g_hyps, forced, base)
     out["runs"].append({"search": "greedy", "alpha": base.alpha, **greedy})
     for alpha in alphas:
         cfg = dataclasses.replace(base, alpha=alpha)
         row, hyps = run_search(translator, srcs, refs, cfg)
         out["runs"].append({"search": f"beam{cfg.beam_size}", "alpha": alpha, **row,
-                            **model_or_search(hyps, forced, alpha)})  # fmt: skip
+                            **model_or_search(hyps, forced, cfg)})  # fmt: skip
         if args.exhaustive:
             with no_early_termination():
                 row, hyps = run_search(translator, srcs, refs, cfg)
             out["runs"].append({"search": f"beam{cfg.beam_size}-no-early-stop", "alpha": alpha,
-                                **row, **model_or_search(hyps, forced, alpha)})  # fmt: skip
+                                **row, **model_or_search(hyps, forced, cfg)})  # fmt: skip
     keys = ["bleu", "length_ratio", "brevity_penalty", "mean_tokens", "mean_score", "no_eos",
             "shorter_than_ref", "search_errors", "model_errors", "seconds"]  # fmt: skip
     print("| search | alpha | " + " | ".join(keys) + " |")

@@ -58,6 +58,8 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--beams", default="1,4", help="comma-separated beam sizes")
     p.add_argument("--alpha", type=float, help="length penalty (default: the model's [decode])")
+    p.add_argument("--length-penalty", choices=("gnmt", "power"),
+                   help="its form (default: the model's [decode])")  # fmt: skip
     p.add_argument(
         "--tokenized",
         action="store_true",
@@ -68,7 +70,8 @@ def main() -> None:
     if not args.data.is_dir():
         sys.exit(f"multi30k_eval: Multi30k not found at {args.data}")
     translator = Translator.load(args.model)
-    alpha = {} if args.alpha is None else {"alpha": args.alpha}
+    given = {"alpha": args.alpha, "length_penalty": args.length_penalty}
+    alpha = {k: v for k, v in given.items() if v is not None}
     results: dict[str, dict[str, dict[str, float | str | None]]] = {}
     for test in TESTS:
         ref_tok = read(args.data / "tok" / f"{test}.lc.norm.tok.{args.tgt}")
@@ -103,6 +106,7 @@ def main() -> None:
     signature = str(metric.get_signature())
     print(json.dumps({"model": args.model, "direction": f"{args.src}-{args.tgt}",
                       "alpha": translator.settings(**alpha).alpha,
+                      "length_penalty": translator.settings(**alpha).length_penalty,
                       "sacrebleu_signature": signature, "results": results,
                       "allocator": os.environ.get("LD_PRELOAD", "")}))  # fmt: skip
 

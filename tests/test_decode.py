@@ -101,15 +101,16 @@ SRC = torch.tensor([[A, 7, 7, 7, EOS_ID], [B_, 7, 7, EOS_ID, PAD_ID]])
 SCRIPTED = DecodeConfig(beam_size=2, nbest=2, max_len_a=1.0, max_len_b=0)
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6])
-def test_beam_search_scripted(alpha: float) -> None:
+@pytest.mark.parametrize(("alpha", "form"), [(0.0, "gnmt"), (0.6, "gnmt"), (1.0, "power")])
+def test_beam_search_scripted(alpha: float, form: str) -> None:
     # Sentence 0. Step 0: A .5, B .4 live. Step 1: B A .32, A EOS .2 (ends: [A]), A A .175,
     # A B .125 -> live B A, A A. Step 2: B A EOS .18 (ends: [B A]), A A A .0875 -> 2 ended, done.
     # Sentence 1. Step 1: A A .3, A B .24 live. Step 2: A A A .12, A B A .108 live.
     # Step 3 (the limit, 4): A A A A .06 ends without EOS, A B A EOS .0432 ends.
     model = TableModel()
-    got = beam_search(model, SRC, DecodeConfig(**{**SCRIPTED.__dict__, "alpha": alpha}))
-    lp = lambda n: length_penalty(n, alpha)  # noqa: E731
+    cfg = DecodeConfig(**{**SCRIPTED.__dict__, "alpha": alpha, "length_penalty": form})
+    got = beam_search(model, SRC, cfg)
+    lp = lambda n: length_penalty(n, alpha, form)  # noqa: E731
     expected = [
         [([A], math.log(0.2), 2, True), ([B_, A], math.log(0.18), 3, True)],
         [([A, A, A, A], math.log(0.06), 4, False), ([A, B_, A], math.log(0.0432), 4, True)],
@@ -190,9 +191,11 @@ def test_min_len_forbids_early_eos() -> None:
 
 
 def test_pure_functions() -> None:
-    assert length_penalty(1, 0.6) == 1.0
-    assert length_penalty(7, 0.6) == pytest.approx(2.0**0.6)
-    assert length_penalty(30, 0.0) == 1.0
+    assert length_penalty(1, 0.6, "gnmt") == 1.0
+    assert length_penalty(7, 0.6, "gnmt") == pytest.approx(2.0**0.6)
+    assert length_penalty(30, 0.0, "gnmt") == 1.0
+    assert length_penalty(7, 1.0, "power") == 7.0  # fmt: skip
+    assert length_penalty(0, 1.0, "power") == 1.0  # an empty live hypothesis: no 0 to divide by
     lengths = max_output_lengths(torch.tensor([1, 10, 2000]), 1.0, 50, 1024)
     assert lengths.tolist() == [51, 60, 1024]
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))

@@ -610,9 +610,14 @@ def test_cli_explain_beam_and_seed_example(model_dir, capsys):
     assert explain_cli(model_dir, *flags) == 0
     text = capsys.readouterr().out
     assert "== beam search: beam 2" in text and "stopped:" in text
+    assert "lp(Y) = ((5 + |Y|) / 6) ** alpha (GNMT)" in text
+    assert explain_cli(model_dir, *flags, "--length-penalty", "power", "--alpha", "1") == 0
+    text = capsys.readouterr().out
+    assert "alpha=1.0 ==\nscore = log p(Y) / lp(Y), lp(Y) = |Y| ** alpha," in text
     assert explain_cli(model_dir, "--beam", "2", "--max-len", "2", "--format", "json") == 0
     beam = json.loads(capsys.readouterr().out)["beam"]
     assert beam["beam_size"] == 2 and len(beam["steps"]) == 2 and len(beam["finished"]) == 2
+    assert beam["length_penalty"] == "gnmt"
     assert main(["explain", "--seed-example"]) == 0
     assert "7.54348784" in capsys.readouterr().out
     assert main(["explain", "--seed-example", "--format", "json"]) == 0

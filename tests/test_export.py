@@ -174,6 +174,24 @@ def test_ct2_float32_gives_aiayns_greedy_and_beam_outputs(
     assert_same_outputs(ours, theirs, tol=CT2_SCORE_TOL, nbest=False)
 
 
+def test_ct2_ranks_by_either_length_penalty(trained: dict[str, Path], tmp_path: Path) -> None:
+    """CTranslate2's finished hypotheses are ranked with aiayn's length penalty: "power" (its
+    own rule) as "gnmt"; the two choose different lines for some of these sentences."""
+    out = export_ctranslate2(trained[PAPER], tmp_path / "ct2")
+    ours = Translator.load(trained[PAPER], SETTINGS, device="cpu", dtype="fp32")
+    theirs = load_translator(out, SETTINGS, threads=1)
+    best = {}
+    for form, alpha in (("power", 1.0), ("gnmt", 1.0)):
+        cfg = dataclasses.replace(SETTINGS, alpha=alpha, length_penalty=form)
+        a, b = (t.translate_hyps(SOURCES, cfg, batch_tokens=64) for t in (ours, theirs))
+        assert [h[0].text for h in a] == [h[0].text for h in b], form
+        assert [h[0].hyp.score for h in a] == pytest.approx(
+            [h[0].hyp.score for h in b], abs=CT2_SCORE_TOL
+        )
+        best[form] = [h[0].text for h in a]
+    assert best["power"] != best["gnmt"]
+
+
 def test_ct2_marian_options_match_aiayns_log_probabilities(tok: Tokenizer, tmp_path: Path):
     """Swish, the halves layout and a logits bias (with pre-LN, untied), on a random model with
     a non-zero bias: CTranslate2's log-probabilities of reference targets are aiayn's within

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -225,6 +226,28 @@ def test_beam_search_matches_generate(pair, beam):
     assert {eos for _, eos in got} == {True, False}
 
 
+def test_beam_search_with_hf_length_penalty_matches_generate(pair):
+    """HF divides a finished hypothesis's log-probability by |Y| ** length_penalty (|Y| its
+    generated tokens, EOS included): aiayn's length_penalty = "power", so an imported model
+    searches as `generate()` does at its own setting (1.0 by default), not only at 0."""
+    hf, ours, tok = pair
+    src_BS, _ = _batch(tok)
+    differs = set()
+    for beam, alpha in [(2, 1.0), (4, 1.0), (4, 0.6), (4, 2.0)]:
+        sequences = hf.generate(input_ids=src_BS, attention_mask=src_BS != tok.pad_id,
+                                num_beams=beam, do_sample=False, max_new_tokens=LIMIT,
+                                bad_words_ids=[[tok.pad_id]], length_penalty=alpha,
+                                early_stopping=True)  # fmt: skip
+        cfg = DecodeConfig(beam_size=beam, alpha=alpha, length_penalty="power", max_len_a=0.0,
+                           max_len_b=LIMIT)  # fmt: skip
+        got = [(h[0].tokens, h[0].eos) for h in beam_search(ours, src_BS, cfg)]
+        assert got == _hf_outputs(sequences, tok.pad_id, tok.eos_id), (beam, alpha)
+        for other in (replace(cfg, length_penalty="gnmt"), replace(cfg, alpha=0.0)):
+            if [(h[0].tokens, h[0].eos) for h in beam_search(ours, src_BS, other)] != got:
+                differs.add(other.length_penalty if other.alpha else "none")
+    assert differs == {"gnmt", "none"}  # the comparison tells the three rules apart
+
+
 # --- every command on the imported model ----------------------------------------------------
 
 
@@ -306,12 +329,14 @@ def test_search_settings_and_languages_come_from_the_hf_files(pristine, tmp_path
     shutil.copytree(pristine, hf_dir)
     (hf_dir / "tokenizer_config.json").unlink()  # the languages then come from the name
     generation = json.loads((hf_dir / "generation_config.json").read_text())
-    generation |= {"num_beams": 6, "min_length": 3, "length_penalty": 1.0, "max_length": 512}
+    generation |= {"num_beams": 6, "min_length": 3, "length_penalty": 1.2, "max_length": 512}
     (hf_dir / "generation_config.json").write_text(json.dumps(generation))
     printed = aiayn(capsys, "import", "marian", hf_dir, "--out", tmp_path / "m")
-    assert "(en -> fr)" in printed and "beam 6, alpha 0.6" in printed
+    assert "(en -> fr)" in printed and "beam 6, alpha 1.2 (power length penalty)" in printed
     saved = json.loads((tmp_path / "m" / "run_config.json").read_text())
-    assert (saved["decode"]["beam_size"], saved["decode"]["min_len"]) == (6, 2)
+    decode = saved["decode"]
+    assert (decode["beam_size"], decode["min_len"]) == (6, 2)
+    assert (decode["alpha"], decode["length_penalty"]) == (1.2, "power")  # HF's own rule
     assert saved["imported"] | {"directory": "?"} == {
         "from": "marian", "directory": "?", "source_lang": "en", "target_lang": "fr"}  # fmt: skip
 

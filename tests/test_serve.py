@@ -147,6 +147,7 @@ def test_language_pair_is_checked(client):
 @pytest.mark.parametrize(
     "settings",
     [{}, {"beam": 3, "nbest": 2}, {"beam": 4, "alpha": 1.0, "min_len": 2},
+     {"beam": 4, "nbest": 4, "alpha": 1.0, "length_penalty": "power"},
      {"sample": True, "seed": 5, "top_k": 10, "nbest": 2}, {"sample": True, "top_p": 0.8}],
 )  # fmt: skip
 def test_v1_translate_equals_translator(client, translator, settings, one_thread):

@@ -272,7 +272,8 @@ def test_model_dir_keeps_its_search_settings(
 
     own = tmp_path / "own"
     shutil.copytree(model_dir, own)
-    saved = {"beam_size": 3, "alpha": 1.0, "max_len_a": 0.0, "max_len_b": 5}
+    saved = {"beam_size": 3, "alpha": 1.0, "length_penalty": "power", "max_len_a": 0.0,
+             "max_len_b": 5}  # fmt: skip
     (own / "run_config.json").write_text(json.dumps({"model": {}, "decode": saved}))
     assert Translator.load(own).cfg == DecodeConfig(**saved)
     averaged = write_average([own, own], tmp_path / "avg")
@@ -288,6 +289,14 @@ def test_model_dir_keeps_its_search_settings(
     assert capsys.readouterr().out.splitlines() == plain.translate(
         lines, **{**saved, "beam_size": 1}
     )
+    gnmt = ["--length-penalty", "gnmt", "--nbest", "3"]
+    assert main(["translate", "--model", str(own), "--input", str(src), *gnmt]) == 0
+    by_flag = [line.split(" ||| ") for line in capsys.readouterr().out.splitlines()]
+    cfg = Translator.load(own).settings(length_penalty="gnmt", nbest=3)
+    found = plain.translate_hyps(lines, cfg)
+    expected = [(str(i), t.text, t.hyp.score) for i, hyps in enumerate(found, 1) for t in hyps]
+    assert [(i, text) for i, text, _ in by_flag] == [(i, text) for i, text, _ in expected]
+    assert [float(s) for *_, s in by_flag] == pytest.approx([s for *_, s in expected], abs=2e-4)
 
     bad_files = [
         ("{", "is unreadable"),

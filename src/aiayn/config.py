@@ -207,7 +207,10 @@ class DecodeConfig:
     """Search settings (§6.1): beam 4, length penalty α = 0.6, max length = source + 50."""
 
     beam_size: int = 4
-    alpha: float = 0.6  # GNMT length penalty ((5 + |Y|) / 6) ** α
+    alpha: float = 0.6  # the length penalty's exponent: score = log p(Y) / lp(Y)
+    # lp(Y) = ((5 + |Y|) / 6) ** α, GNMT's (the paper's α = 0.6), or |Y| ** α ("power": fairseq's
+    # --lenpen, Hugging Face's and CTranslate2's length_penalty, Marian's --normalize)
+    length_penalty: Literal["gnmt", "power"] = "gnmt"
     max_len_a: float = 1.0  # max output length = a * source length + b
     max_len_b: int = 50
     max_tokens: int = 0  # a hard cap on output tokens per sentence (0 = the model's max_len)

@@ -39,7 +39,7 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
         help="a model directory (aiayn train), or one written by aiayn export (runs in its engine)",
     )  # fmt: skip
     p.add_argument("--beam", type=int, help="beam size; 1 = greedy (default: the model's, or 4)")
-    p.add_argument("--alpha", type=float, help="length penalty α (default: the model's, or 0.6)")
+    add_length_penalty_flags(p)
     p.add_argument("--min-len", type=int, help="no EOS before this many tokens (default 0)")
     p.add_argument("--max-len-a", type=float, help="max length = a * src_len + b (default 1.0)")
     p.add_argument("--max-len-b", type=int, help="(default 50)")
@@ -51,6 +51,15 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
                    help="torch (or the export's engine) threads; 0 = its default")  # fmt: skip
     add_device_flag(p)
     add_dtype_flag(p)
+
+
+def add_length_penalty_flags(p: argparse.ArgumentParser) -> None:
+    """--alpha and --length-penalty, which translate, evaluate and explain share."""
+    p.add_argument("--alpha", type=float, help="length penalty α (default: the model's, or 0.6)")
+    p.add_argument("--length-penalty", choices=("gnmt", "power"),
+                   help="a finished hypothesis's log-probability is divided by ((5 + |Y|) / 6) "
+                        "** α (gnmt, the paper's) or |Y| ** α (power: fairseq's --lenpen, "
+                        "Hugging Face, CTranslate2); default: the model's, or gnmt")  # fmt: skip
 
 
 def add_sampling_flags(p: argparse.ArgumentParser, top_k_flag: str, sample_help: str) -> None:
@@ -75,7 +84,8 @@ def given_search_settings(args: argparse.Namespace, flags: dict[str, str]) -> di
 
 
 SEARCH_FLAGS = {  # DecodeConfig field -> argparse dest
-    "beam_size": "beam", "alpha": "alpha", "min_len": "min_len", "max_len_a": "max_len_a",
+    "beam_size": "beam", "alpha": "alpha", "length_penalty": "length_penalty",
+    "min_len": "min_len", "max_len_a": "max_len_a",
     "max_len_b": "max_len_b", "max_tokens": "max_tokens", "nbest": "nbest",
     "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "seed": "seed",
 }  # fmt: skip

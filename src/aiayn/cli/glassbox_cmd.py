@@ -11,6 +11,7 @@ from pathlib import Path
 from aiayn.cli.flags import (
     MAX_FLAG,
     add_device_flag,
+    add_length_penalty_flags,
     add_sampling_flags,
     given_search_settings,
     refuse_export_dir,
@@ -46,7 +47,7 @@ def add_explain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-len", type=int, help="most output tokens (default source length + 50)")
     p.add_argument("--min-len", type=int, help="no EOS before this many tokens (default 0)")
     p.add_argument("--beam", type=int, default=0, help="also trace beam search of this size")
-    p.add_argument("--alpha", type=float, help="length penalty α (default: the model's, or 0.6)")
+    add_length_penalty_flags(p)
     p.add_argument("--max-trace-numbers", type=int, default=MAX_TRACE_NUMBERS,
                    help="most numbers the trace may hold, and the --beam trace apart, a "
                         "token of its counted as 20 (default %(default)s: ~400 MB; a "
@@ -56,7 +57,8 @@ def add_explain(sub: argparse._SubParsersAction) -> None:
 
 
 _EXPLAIN_SEARCH_FLAGS = {  # DecodeConfig field -> argparse dest
-    "alpha": "alpha", "min_len": "min_len", "temperature": "temperature",
+    "alpha": "alpha", "length_penalty": "length_penalty", "min_len": "min_len",
+    "temperature": "temperature",
     "top_k": "sample_top_k", "top_p": "top_p", "seed": "seed",
 }  # fmt: skip
 

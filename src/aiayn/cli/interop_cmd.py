@@ -31,7 +31,7 @@ def run_import(args: argparse.Namespace) -> int:
         f"imported {args.hf_dir} ({langs}) into {done.out}: d_model {cfg.d_model}, "
         f"{cfg.n_layers}+{cfg.n_layers} layers, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
         f"vocabulary {cfg.vocab_size}, {cfg.activation} FFN; search: beam {dec.beam_size}, "
-        f"alpha {dec.alpha:g}"
+        f"alpha {dec.alpha:g} ({dec.length_penalty} length penalty)"
     )
     return 0
 

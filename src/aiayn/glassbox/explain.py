@@ -290,7 +290,7 @@ def trace_beam(
     src_len = torch.tensor([len(ids)])
     cap = output_cap(cfg, model.cfg.max_len)
     limit = int(max_output_lengths(src_len, cfg.max_len_a, cfg.max_len_b, cap)[0])
-    out = BeamTrace(cfg.beam_size, cfg.alpha, limit)
+    out = BeamTrace(cfg.beam_size, cfg.alpha, limit, cfg.length_penalty)
     N = cfg.beam_size
 
     def hyp(tokens: list[int], log_prob: float, score: float) -> BeamHypothesis:

@@ -129,6 +129,7 @@ class BeamTrace:
     beam_size: int
     alpha: float
     max_len: int
+    length_penalty: str = "gnmt"  # DecodeConfig.length_penalty: lp(Y)'s form
     steps: list[BeamStep] = field(default_factory=list)
     finished: list[BeamHypothesis] = field(default_factory=list)
     stop_reason: str = ""

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from aiayn.glassbox.explanation import BeamTrace, Explanation
+from aiayn.search.settings import LENGTH_PENALTY_FORMULAS
 
 CELL = 14  # pixels per vector element
 LABEL = 300  # pixels for a strip's label
@@ -287,7 +288,8 @@ class BeamView:
     def _repr_html_(self) -> str:
         b = self.beam
         out = [f'<div class="aiayn-nb">{_STYLE}<h4>beam search: beam {b.beam_size}, '
-               f"α = {b.alpha}, at most {b.max_len} tokens</h4>"]  # fmt: skip
+               f"α = {b.alpha} (lp(Y) = {LENGTH_PENALTY_FORMULAS[b.length_penalty]}), at most "
+               f"{b.max_len} tokens</h4>"]  # fmt: skip
         for step in b.steps:
             out.append(f"<h4>step {step.t}</h4><table><tr><th>rank</th><th>hypothesis + token"
                        "</th><th>log p</th><th>score</th><th>fate</th></tr>")  # fmt: skip

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from aiayn.errors import AiaynError
 from aiayn.glassbox.explanation import NAME_RE, BeamTrace, Entry, Explanation
+from aiayn.search.settings import LENGTH_PENALTY_FORMULAS
 
 if TYPE_CHECKING:
     pass
@@ -232,8 +233,9 @@ def beam_text(beam: BeamTrace) -> list[str]:
     """Every step of a traced beam search as a table of candidates and their fate."""
     out = [
         f"== beam search: beam {beam.beam_size}, length penalty alpha={beam.alpha} ==",
-        "score = log p(Y) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha, |Y| = generated tokens "
-        "including </s> (GNMT). Each step examines the 2N best extensions by log p.",
+        f"score = log p(Y) / lp(Y), lp(Y) = {LENGTH_PENALTY_FORMULAS[beam.length_penalty]}, "
+        "|Y| = generated tokens including </s>. Each step examines the 2N best extensions by "
+        "log p.",
     ]
     for step in beam.steps:
         out += [

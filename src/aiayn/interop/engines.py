@@ -9,11 +9,12 @@ same `translate`, `translate_hyps` and `translate_stream`, the same search setti
   (greedy, beam, sampling) run over the ONNX Runtime sessions.
 - `Ct2Translator` hands each group of lines to CTranslate2's C++ search. Its beam search is
   aiayn's (2N candidates per step, an EOS among the N best ends a hypothesis, a sentence is
-  done when N have ended or at its length limit), but its length penalty is score / |Y|^alpha,
-  not GNMT's ((5 + |Y|) / 6)^alpha. So CTranslate2 searches with a negligible exponent
-  (`NO_LENGTH_PENALTY`, which leaves scores as they are but, unlike exactly 0, does not turn
-  on its stop-when-the-best-beam-ends shortcut), returns all N finished hypotheses with their
-  log-probabilities, and they are ranked here with aiayn's `length_penalty`. Per-sentence
+  done when N have ended or at its length limit), but its length penalty is score / |Y|^alpha
+  only (aiayn's "power"), not GNMT's ((5 + |Y|) / 6)^alpha, aiayn's default. So CTranslate2
+  searches with a negligible exponent (`NO_LENGTH_PENALTY`, which leaves scores as they are
+  but, unlike exactly 0, does not turn on its stop-when-the-best-beam-ends shortcut), returns
+  all N finished hypotheses with their log-probabilities, and they are ranked here with
+  aiayn's `length_penalty`, either form. Per-sentence
   length limits (a * source length + b) are honoured by searching each limit's lines together.
   Sampling is refused (CTranslate2 cannot reproduce aiayn's per-line streams); n-best lists can
   differ below the best line (docs/export.md, "What parity means").
@@ -94,16 +95,15 @@ class Ct2Model:
         found = []
         for result in results:
             pairs = zip(result.hypotheses, result.scores, strict=True)
-            hyps = [self._hypothesis(pieces, log_prob, cfg.alpha) for pieces, log_prob in pairs]
+            hyps = [self._hypothesis(pieces, log_prob, cfg) for pieces, log_prob in pairs]
             found.append(sorted(hyps, key=lambda h: -h.score)[: cfg.nbest])
         return found
 
-    def _hypothesis(self, pieces: list[str], log_prob: float, alpha: float) -> Hypothesis:
+    def _hypothesis(self, pieces: list[str], log_prob: float, cfg: DecodeConfig) -> Hypothesis:
         eos = bool(pieces) and pieces[-1] == self.eos
         tokens = [self.index[p] for p in (pieces[:-1] if eos else pieces)]
-        return Hypothesis(
-            tokens, log_prob, log_prob / length_penalty(len(tokens) + eos, alpha), eos
-        )
+        lp = length_penalty(len(tokens) + eos, cfg.alpha, cfg.length_penalty)
+        return Hypothesis(tokens, log_prob, log_prob / lp, eos)
 
 
 class Ct2Translator(Translator):

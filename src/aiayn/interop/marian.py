@@ -33,6 +33,7 @@ from aiayn.atomic import atomic_dir, atomic_write_json, check_new_dir, read_json
 from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, ModelConfig, to_dict
 from aiayn.errors import CheckpointError
 from aiayn.nn.model import Transformer, sinusoidal_positions
+from aiayn.search.settings import MAX_ALPHA
 from aiayn.store.model_dir import check_state_dict, save_model_dir
 from aiayn.text.tokenizer import MARIAN_FILES, MarianTokenizer, check_marian_vocab
 
@@ -301,18 +302,26 @@ def map_weights(hf: dict[str, Tensor], cfg: ModelConfig, where: Path) -> dict[st
 def decode_config(hf: dict[str, Any], generation: dict[str, Any]) -> DecodeConfig:
     """The search settings of HF's generation config (generation_config.json over config.json).
 
-    num_beams carries over (HF's default 1 when absent). The length penalty does not: HF
-    divides a hypothesis's log-probability by len ** length_penalty, aiayn by the GNMT
-    ((5 + len) / 6) ** alpha, so aiayn's alpha 0.6 is kept. max_length is HF's absolute cap
-    (512 in OPUS-MT, its positional table); aiayn's limit is source length + 50, capped by the
-    same table (ModelConfig.max_len). min_length counts HF's start token.
+    num_beams carries over (HF's default 1 when absent), and so does the length penalty: HF
+    divides a hypothesis's log-probability by |Y| ** length_penalty (default 1.0), aiayn's
+    "power" form with alpha = length_penalty, so the import searches as `generate()` does
+    (tests/test_marian.py compares the two). max_length is HF's absolute cap (512 in OPUS-MT,
+    its positional table); aiayn's limit is source length + 50, capped by the same table
+    (ModelConfig.max_len). min_length counts HF's start token.
     """
     settings = {**hf, **generation}
     bad = settings.get("bad_words_ids")
     if bad and bad != [[hf["pad_token_id"]]]:
         log.warning("bad_words_ids %s: aiayn bans PAD only; the others can be emitted", bad)
+    alpha = settings.get("length_penalty", 1.0)
+    if not isinstance(alpha, int | float) or not 0 <= alpha <= MAX_ALPHA:
+        log.warning("length_penalty %r is outside aiayn's [0, %g]: alpha 1.0 (HF's default) "
+                    "is used", alpha, MAX_ALPHA)  # fmt: skip
+        alpha = 1.0
     return DecodeConfig(
         beam_size=int(settings.get("num_beams") or 1),
+        alpha=float(alpha),
+        length_penalty="power",
         min_len=max(0, int(settings.get("min_length") or 0) - 1),
     )
 

@@ -207,7 +207,7 @@ class BeamSearch:
         Many may end in one step (an EOS among a sentence's 2N best is common), so their
         fields come to the host in three copies, not one read per value (a tensor op each, and
         on a GPU a wait for the device each: ~100 at a step where 25-30 hypotheses end)."""
-        alpha, n = self.cfg.alpha, self.scores_bn.size(1)
+        alpha, form, n = self.cfg.alpha, self.cfg.length_penalty, self.scores_bn.size(1)
         at_e2 = ending_candidates(top, last_b, self.N).nonzero()  # (sentence, candidate)
         if not len(at_e2):
             return []
@@ -219,7 +219,8 @@ class BeamSearch:
         out = []
         for (i, eos, tok, t), row, lp in zip(fields.tolist(), rows, scores, strict=True):
             toks = row[1 : t + 1] if eos else [*row[1 : t + 1], tok]
-            out.append((i, Hypothesis(toks, lp, lp / length_penalty(t + 1, alpha), bool(eos))))
+            score = lp / length_penalty(t + 1, alpha, form)
+            out.append((i, Hypothesis(toks, lp, score, bool(eos))))
         return out
 
 

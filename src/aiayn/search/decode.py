@@ -22,7 +22,8 @@ Conventions (shared by every search here):
   that reaches it stops there without EOS, as in Hugging Face `generate()`.
 - PAD and BOS are never emitted; EOS is forbidden until a hypothesis has `min_len` tokens.
 - `log_prob` is the sum of the model's log-probabilities of the tokens (and of EOS when the
-  hypothesis ended with it); `score = log_prob / length_penalty(len(tokens) + eos, alpha)`.
+  hypothesis ended with it); `score = log_prob / length_penalty(len(tokens) + eos, alpha,
+  form)`, the form `cfg.length_penalty` names (GNMT's by default).
 
 Stopping a search: inside `with stop_when(condition):` every search calls `condition()` once
 per decoding step and raises `SearchStoppedError` when it is true (a server abandons the work of a

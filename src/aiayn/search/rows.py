@@ -154,7 +154,7 @@ class RowSearch:
         if self.on_step is not None:
             before = SingleRows(self.ids_r, self.out_rT[:, :t], self.log_prob_r, self.per_sent)
             picked = (next_r, lp_r, is_eos_r, done_r)
-            self.on_step(single_view(self.kind, t, cfg.alpha, before, logits_rV, lp_rV, picked))
+            self.on_step(single_view(self.kind, t, cfg, before, logits_rV, lp_rV, picked))
         self.log_prob_r += lp_r.double()
         self.out_rT.scatter_(1, self.t_r[:, None], next_r[:, None])  # t_r < limit_r <= width
         self.t_r = self.t_r + 1
@@ -169,7 +169,8 @@ class RowSearch:
             head_d4 = torch.stack([done, self.ids_r[done], self.t_r[done] - eos_d, eos_d], 1)
             rows = torch.cat([head_d4, self.out_rT[done]], 1).tolist()
             for (_, i, n, eos, *out), lp in zip(rows, self.log_prob_r[done].tolist(), strict=True):
-                hyp = Hypothesis(out[:n], lp, lp / length_penalty(n + eos, cfg.alpha), bool(eos))
+                score = lp / length_penalty(n + eos, cfg.alpha, cfg.length_penalty)
+                hyp = Hypothesis(out[:n], lp, score, bool(eos))
                 finished.append((i, hyp))
             self._remove([row[0] for row in rows])
         return finished

@@ -1,6 +1,7 @@
-"""What a search returns and the pure functions of its settings: `Hypothesis`, the GNMT length
-penalty, output length limits, top-k / top-p filters, seeded inverse-CDF sampling and the checks
-of a `DecodeConfig` (the conventions are in aiayn.search.decode's docstring).
+"""What a search returns and the pure functions of its settings: `Hypothesis`, the length
+penalty (GNMT's or a power of the length), output length limits, top-k / top-p filters, seeded
+inverse-CDF sampling and the checks of a `DecodeConfig` (the conventions are in
+aiayn.search.decode's docstring).
 """
 
 from __future__ import annotations
@@ -33,8 +34,20 @@ class Hypothesis:
     eos: bool
 
 
-def length_penalty(length: int, alpha: float) -> float:
-    """GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, §7; paper §6.1)."""
+# How each form of DecodeConfig.length_penalty reads, for the glass box's tables
+LENGTH_PENALTY_FORMULAS = {"gnmt": "((5 + |Y|) / 6) ** alpha (GNMT)", "power": "|Y| ** alpha"}
+
+
+def length_penalty(length: int, alpha: float, form: str) -> float:
+    """lp(Y), by which a hypothesis's log-probability is divided (DecodeConfig.length_penalty).
+
+    "gnmt": ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, §7; the paper's §6.1, alpha 0.6).
+    "power": |Y| ** alpha, the rule of fairseq's --lenpen (its default 1: the mean per token),
+    Hugging Face's and CTranslate2's length_penalty and Marian's --normalize; an empty live
+    hypothesis counts as length 1.
+    """
+    if form == "power":
+        return max(length, 1) ** alpha
     return ((5 + length) / 6) ** alpha
 
 
@@ -136,6 +149,8 @@ def check_decode_config(cfg: DecodeConfig, vocab_size: int = 0) -> None:
         raise ConfigError("max_len_a and max_len_b must be >= 0")
     if cfg.max_tokens < 0:
         raise ConfigError(f"max_tokens must be >= 0 (0 = the model's), got {cfg.max_tokens}")
+    if cfg.length_penalty not in ("gnmt", "power"):
+        raise ConfigError(f"length_penalty={cfg.length_penalty!r}: choose 'gnmt' or 'power'")
     if not 0 <= cfg.alpha <= MAX_ALPHA:
         raise ConfigError(f"length penalty alpha must be in [0, {MAX_ALPHA:g}], got {cfg.alpha}")
     if max(cfg.min_len, cfg.max_len_b) > MAX_LENGTH:  # they become int64 tensors

@@ -26,7 +26,7 @@ class LiveHyp:
     sent: int  # index of its sentence in the searched `src_BS`
     tokens: tuple[int, ...]  # without BOS
     log_prob: float
-    score: float  # log_prob / length_penalty(len(tokens), alpha)
+    score: float  # log_prob / length_penalty(len(tokens), alpha, form)
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Candidate:
     parent: int  # index in StepView.live of the hypothesis it extends
     token: int
     log_prob: float  # total log-probability of the extended hypothesis
-    score: float  # log_prob / length_penalty(length with this token, alpha)
+    score: float  # log_prob / length_penalty(length with this token, alpha, form)
     fate: str  # "live" | "finished" | "pruned"
     why: str
 
@@ -95,7 +95,7 @@ class SingleRows:
 def single_view(
     kind: str,
     t: int,
-    alpha: float,
+    cfg: DecodeConfig,
     before: SingleRows,
     logits_rV: Tensor,
     lp_rV: Tensor,
@@ -108,13 +108,13 @@ def single_view(
     next_r, lp_r, is_eos_r, done_r = picked
     sent_r = [r // before.per_sent for r in before.rows_r.tolist()]
     live = tuple(
-        LiveHyp(s, tuple(p), lp, lp / length_penalty(t, alpha))
+        LiveHyp(s, tuple(p), lp, lp / length_penalty(t, cfg.alpha, cfg.length_penalty))
         for s, p, lp in zip(
             sent_r, before.prefix_rt.tolist(), before.log_prob_r.tolist(), strict=True
         )
     )
     totals = (before.log_prob_r + lp_r.double()).tolist()  # summed as the search sums them
-    lp_t = length_penalty(t + 1, alpha)
+    lp_t = length_penalty(t + 1, cfg.alpha, cfg.length_penalty)
     cands, finished = [], []
     rows = zip(next_r.tolist(), totals, is_eos_r.tolist(), done_r.tolist(), strict=True)
     picked_why = "argmax" if kind == "greedy" else "sampled"
@@ -176,10 +176,10 @@ def beam_view(
     alive_bN: Tensor,
 ) -> StepView:
     """The StepView of beam step t: the 2N candidates of every sentence and their fates."""
-    N, alpha = cfg.beam_size, cfg.alpha
+    N, alpha, form = cfg.beam_size, cfg.alpha, cfg.length_penalty
     n = st.scores_bn.size(1)
     live = tuple(
-        LiveHyp(st.sents[r // n], tuple(toks), lp, lp / length_penalty(t, alpha))
+        LiveHyp(st.sents[r // n], tuple(toks), lp, lp / length_penalty(t, alpha, form))
         for r, (toks, lp) in enumerate(
             zip(st.tokens_rT[:, 1 : t + 1].tolist(), st.scores_bn.view(-1).tolist(), strict=True)
         )
@@ -187,7 +187,7 @@ def beam_view(
     last_b = torch.tensor(st.last, dtype=torch.bool, device=alive_bN.device)
     ends, alive = ending_candidates(top, last_b, N).tolist(), alive_bN.tolist()
     scores, beams, toks, eos = (x.tolist() for x in top)
-    lp_t = length_penalty(t + 1, alpha)
+    lp_t = length_penalty(t + 1, alpha, form)
     cands: list[Candidate] = []
     finished: list[Finished] = []
     for i, s in enumerate(st.sents):

@@ -259,6 +259,7 @@ def request_models(
         beam: BeamSize | None = None
         nbest: BeamSize | None = None
         alpha: Annotated[float, Field(ge=0, le=MAX_ALPHA)] | None = None
+        length_penalty: Literal["gnmt", "power"] | None = None
         sample: bool | None = None
         temperature: Annotated[float, Field(gt=0, le=100)] | None = None
         top_k: _int(0, 1_000_000) | None = None
@@ -284,6 +285,7 @@ def request_models(
         top_k: _int(1, 100) = 5
         max_len: _int(1, limits.max_output_tokens) | None = None
         alpha: Annotated[float, Field(ge=0, le=MAX_ALPHA)] | None = None
+        length_penalty: Literal["gnmt", "power"] | None = None
         min_len: Tokens | None = None
         sample: bool | None = None
         temperature: Annotated[float, Field(gt=0, le=100)] | None = None

@@ -72,7 +72,7 @@ def _hypothesis(t: Translation) -> dict[str, Any]:
             "eos": h.eos}  # fmt: skip
 
 
-EXPLAIN_SEARCH = ("alpha", "min_len", "sample", "temperature", "top_p", "seed")
+EXPLAIN_SEARCH = ("alpha", "length_penalty", "min_len", "sample", "temperature", "top_p", "seed")
 
 
 class Server:
