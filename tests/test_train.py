@@ -1113,6 +1113,32 @@ def test_a_run_of_any_schedule_averages_its_last_checkpoints(corpus, tok, tmp_pa
     capsys.readouterr()
 
 
+def test_choose_alpha_false_keeps_the_recipes_length_penalty(corpus, tok, tmp_path, caplog):
+    """A published recipe's own search (fairseq's lenpen 1: "power", alpha 1.0) stays the
+    averaged model's with train.choose_alpha = false; turning it back on is no new experiment
+    (the run resumes), and its sweep keeps the recipe's form."""
+    from aiayn.translate.translator import saved_decode_config
+
+    out = tmp_path / "run"
+    over = {"train.lr_schedule": "noam", "train.max_steps": 30, "train.save_every": 10,
+            "train.keep_last": 2, "train.average_last": 2, "train.valid_every": 1000,
+            "train.choose_alpha": False, "decode.beam_size": 2, "decode.alpha": 1.0,
+            "decode.length_penalty": "power"}  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="aiayn"):
+        train(tiny(corpus, out, **over), tokenizer=tok, progress=False)
+    assert "alpha not chosen (train.choose_alpha = false)" in caplog.text
+    saved = json.loads((out / "averaged" / "run_config.json").read_text())
+    assert "alpha_choice" not in saved
+    kept = saved_decode_config(out / "averaged")
+    assert (kept.alpha, kept.length_penalty) == (1.0, "power")
+    over |= {"train.max_steps": 40, "train.choose_alpha": True}
+    result = train(tiny(corpus, out, **over), tokenizer=tok, progress=False)
+    assert result.step == 40  # resumed, not refused
+    chosen = saved_decode_config(out / "averaged")
+    assert chosen.length_penalty == "power" and "alpha_choice" in json.loads(
+        (out / "averaged" / "run_config.json").read_text())
+
+
 @pytest.mark.parametrize(
     "over, message",
     [

@@ -188,6 +188,9 @@ class TrainConfig:
     # budget_decay) of its schedule; other schedules take the last ones kept (save_every
     # apart, and the final step's), as `aiayn average --last`. 0 = off
     average_last: int = 0
+    # choose the averaged model's decode.alpha on validation (False: it keeps the [decode]
+    # table's, e.g. a published recipe's own length penalty)
+    choose_alpha: bool = True
     patience: int = 0  # validations without improvement before stopping; 0 = never
     best_metric: Literal["loss", "bleu"] = "loss"
     bleu_samples: int = 200  # validation sentences decoded greedily for BLEU; 0 = skip

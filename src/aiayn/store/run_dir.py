@@ -51,6 +51,7 @@ RESUMABLE_CHANGES = {
     "device",
     "dtype",
     "deterministic",  # how to compute, not what: a run may change machines
+    "choose_alpha",  # what the end does with the averaged model, not what is trained
 }
 
 

@@ -77,6 +77,10 @@ def _choose_alpha(run: Run, progress: bool) -> None:
     from aiayn.translate.translator import Translator, sweep_alpha
 
     dc, data = run.cfg.decode, run.data
+    if not run.tc.choose_alpha:
+        log.info("alpha not chosen (train.choose_alpha = false): the averaged model keeps "
+                 "alpha %g (%s length penalty)", dc.alpha, dc.length_penalty)  # fmt: skip
+        return
     if not data.valid_srcs or dc.beam_size < 2 or dc.sample:
         log.info("alpha not chosen: it needs a validation set and beam search (decode.beam_size "
                  ">= 2, not sampling); the averaged model keeps alpha %g", dc.alpha)  # fmt: skip
