@@ -63,6 +63,9 @@ score() {  # run $1: its last 10 checkpoints averaged, then each model scored
     "$PY" bench/multi30k_eval.py --model "$OUT/$1/$m" --data "$DATA" --src en --tgt de \
         --beams 1,5 --tokenized | grep -v '^{'
   done
+  echo "== $1/avg10, GNMT length penalty 0.6 (the search of the runs before session 32)"
+  "$PY" bench/multi30k_eval.py --model "$OUT/$1/avg10" --data "$DATA" --src en --tgt de \
+      --beams 5 --tokenized --length-penalty gnmt --alpha 0.6 | grep -v '^{'
 }
 for r in $RUNS; do score "$r" > "$OUT/$r.scores" 2>&1 & done  # side by side, as they trained
 wait
