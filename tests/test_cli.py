@@ -33,3 +33,21 @@ def test_a_known_command_line_still_parses(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["translate", "--help"])
     assert exit_.value.code == 0 and "--input" in capsys.readouterr().out
+
+
+def test_train_needs_only_the_corpus(tmp_path, monkeypatch, capsys):
+    """Two files are enough: without --config, `aiayn train` runs the built-in own-data recipe,
+    and without a corpus it says how to give one."""
+    from pathlib import Path
+
+    from aiayn.cli.main import build_parser
+    from aiayn.config import load_config
+
+    monkeypatch.chdir(tmp_path)  # no configs/ here: the recipe comes from the package
+    args = build_parser().parse_args(["train", "--set", "train.src=a.txt"])
+    assert args.config == Path("own_data")
+    assert load_config(args.config, args.overrides).model.activation == "swish"
+    assert main(["train"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--set train.src=FILE --set train.tgt=FILE" in err
+    assert not (tmp_path / "runs").exists()  # refused before anything was written

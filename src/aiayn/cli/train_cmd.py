@@ -9,15 +9,20 @@ from pathlib import Path
 from aiayn.cli.flags import add_device_flag
 from aiayn.config import builtin_configs
 
+# Two files are enough: `aiayn train --set train.src=A --set train.tgt=B` runs the own-data recipe
+DEFAULT_CONFIG = "own_data"
+
 
 def add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
         help="train (or resume) a translation model into train.out_dir; torchrun-aware",
     )
-    p.add_argument("--config", type=Path, required=True,
+    p.add_argument("--config", type=Path, default=Path(DEFAULT_CONFIG),
                    help="a TOML file, or a built-in recipe by name: "
-                        + ", ".join(builtin_configs()))  # fmt: skip
+                        + ", ".join(builtin_configs())
+                        + f" (default {DEFAULT_CONFIG}: your corpus in train.max_minutes, "
+                          "docs/training.md)")  # fmt: skip
     p.add_argument(
         "--set",
         dest="overrides",

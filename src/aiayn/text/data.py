@@ -38,6 +38,14 @@ class RunData:
     train_text: list[tuple[str, str]] = field(default_factory=list)
 
 
+def require_corpus(tc: TrainConfig) -> None:
+    """A run needs its training text: say how to give it where the config names none."""
+    if not tc.src:
+        raise ConfigError("train.src is empty: give the training corpus, two line-aligned files "
+                          "(--set train.src=FILE --set train.tgt=FILE) or one TSV "
+                          "(--set train.src=FILE)")  # fmt: skip
+
+
 def load_data(
     tc: TrainConfig,
     tok: Tokenizer,
@@ -51,8 +59,7 @@ def load_data(
     training leaves them, and every pair sharing a source with them, out. `bar`: a progress
     bar over the training pairs as they are encoded (a million short pairs take ~15 s).
     """
-    if not tc.src:
-        raise ConfigError("train.src is empty: give a training corpus (two files or a TSV)")
+    require_corpus(tc)
     stats = DataStats()
     pb = progress(total=count_lines(tc.src) if bar else None, unit="pair", disable=not bar,
                   desc=f"encode {Path(tc.src).name}")  # fmt: skip

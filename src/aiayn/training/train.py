@@ -47,7 +47,7 @@ from aiayn.store.run_dir import (
 )
 from aiayn.text.batches import Example, batch_plan, collate
 from aiayn.text.corpus import HELDOUT_FILES, DataStats, Heldout, hold_out, read_parallel
-from aiayn.text.data import StepLoader, load_data
+from aiayn.text.data import StepLoader, load_data, require_corpus
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.budget import fit_budget, refit_budget
 from aiayn.training.finish import finish_run
@@ -74,8 +74,7 @@ def prepare_tokenizer(
         tok = given
         if tok is None:
             tc = cfg.train
-            if not tc.src:
-                raise ConfigError("train.src is empty: give a training corpus (two files or a TSV)")
+            require_corpus(tc)
             stats = DataStats()
             texts = [side for pair in read_parallel(tc.src, tc.tgt or None, stats, heldout)
                      for side in pair]  # fmt: skip
