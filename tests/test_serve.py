@@ -232,6 +232,7 @@ BAD = [
     ("post", "/translate", {"q": 5}, None, 422, "string or a list of strings"),
     ("post", "/translate", {"q": ["a", 3]}, None, 422, "'q.1': Input should be a valid string"),
     ("post", "/translate", {"q": " "}, None, 422, "'q': no text to translate"),
+    ("post", "/v1/explain", {"q": " \ufeff"}, None, 422, "'q': no text to translate"),
     ("post", "/translate", {"q": []}, None, 422, "'q': List should have at least 1 item"),
     ("post", "/translate", {"q": "a", "alternatives": 9}, None, 422, "less than or equal to 5"),
     ("post", "/translate", {"q": "a", "alternatives": "two"}, None, 422, "a valid integer"),

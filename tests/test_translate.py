@@ -135,6 +135,21 @@ def test_read_lines_drops_crlf_and_a_leading_byte_order_mark() -> None:
     assert list(read_lines(stream, "x.txt")) == ["one", "two", "\ufeffthree"]  # only at the start
 
 
+def test_a_byte_order_mark_inside_the_text_is_no_part_of_the_sentence(translator) -> None:
+    """Not only at a file's start: pasted into a served text, or at a line of concatenated
+    files, a U+FEFF was translated as a character (byte-fallback pieces); and `aiayn explain`
+    encoded its sentence unstripped where translate stripped it: each reads `source_text`."""
+    from aiayn.glassbox.explain import source_ids
+
+    sentence = corpus(1, seed=3)[0]
+    variants = [sentence, f"\ufeff{sentence}", f"  \ufeff {sentence}\t", "\ufeff", " \ufeff "]
+    assert translator.encode_lines(variants)[1] == [translator.tokenizer.encode(sentence)] * 3
+    assert translator.translate(variants, beam=1)[3:] == ["", ""]
+    for text in variants[:3]:
+        assert source_ids(translator.model, translator.tokenizer, text) == translator.encode_lines(
+            [text])[1][0]  # fmt: skip
+
+
 def test_metrics() -> None:
     refs = ["the cat sat on the mat", "a dog"]
     assert bleu(refs, refs).score == pytest.approx(100.0)

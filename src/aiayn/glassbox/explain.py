@@ -40,6 +40,7 @@ from aiayn.nn.tracing import Trace, TraceTooLargeError, tracing
 from aiayn.search.decode import beam_search, greedy_search, sample_search
 from aiayn.search.settings import max_output_lengths, output_cap, sample_seed
 from aiayn.search.views import OnStep, StepView
+from aiayn.text.corpus import source_text
 from aiayn.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -96,9 +97,10 @@ def source_ids(model: Transformer, tok: Tokenizer, sentence: str, warn: bool = T
     is explained is what is translated)."""
     if not isinstance(sentence, str):  # a list of sentences: 'list' has no attribute 'strip'
         raise TypeError(f"one sentence (a str) is explained at a time, got {type(sentence)}")
-    if not sentence.strip():
+    text = source_text(sentence)
+    if not text:
         raise AiaynError("the sentence to explain is empty")
-    ids, limit = tok.encode(sentence), model.cfg.max_len
+    ids, limit = tok.encode(text), model.cfg.max_len
     if len(ids) > limit and warn:
         log.warning("the sentence has %d tokens, more than the model's max_len=%d; explaining "
                     "only its first %d tokens", len(ids) - 1, limit, limit - 1)  # fmt: skip

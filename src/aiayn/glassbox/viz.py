@@ -23,6 +23,7 @@ from aiayn.errors import AiaynError
 from aiayn.nn.model import AttentionMaps, Transformer
 from aiayn.nn.tracing import tracing
 from aiayn.nn.variants import DecoderLM, EncoderClassifier
+from aiayn.text.corpus import source_text
 from aiayn.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -172,7 +173,8 @@ def attention_for_inputs(
     """
     kind = "enc_self" if isinstance(model, EncoderClassifier) else "lm_self"
     _check_count(sentences)
-    ids, limit = [tok.encode(s, bos=kind == "lm_self") for s in sentences], model.cfg.max_len
+    limit = model.cfg.max_len
+    ids = [tok.encode(source_text(s), bos=kind == "lm_self") for s in sentences]
     for i, row in enumerate(ids):  # cut as a translation's source is (explain.source_ids)
         if len(row) > limit:
             log.warning("sentence %d has %d tokens, more than the model's max_len=%d; drawing "

@@ -144,9 +144,11 @@ def _int(ge: int, le: int) -> Any:
     return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_whole)]
 
 
-# A character that is not a space as Python's str.strip() (and so the translator) sees one,
-# spelled in escapes that JSON Schema's (ECMAScript) and pydantic's (Rust) regexes read alike.
-SOME_TEXT = r"[^\t\n\x0B\f\r\x1C-\x1F \x85\xA0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]"
+# A character that is not a space as Python's str.strip() sees one, nor U+FEFF (the translator
+# reads `source_text`), spelled in escapes that JSON Schema's (ECMAScript) and pydantic's (Rust)
+# regexes read alike.
+SOME_TEXT = (r"[^\t\n\x0B\f\r\x1C-\x1F \x85\xA0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F"
+             r"\u3000\uFEFF]")  # fmt: skip
 
 
 def _text(max_length: int, *, required: bool = False) -> Any:

@@ -70,6 +70,14 @@ class DataStats:
         return msg
 
 
+def source_text(line: str) -> str:
+    """A line as the model reads it: without surrounding whitespace or a leading U+FEFF (a
+    byte order mark pasted from a file, inside a served text or a line of a concatenated
+    file; as a zero-width no-break space it carries no text). `aiayn translate`, the server
+    and `aiayn explain` all encode this, so what is explained is what is translated."""
+    return line.strip().lstrip("\ufeff").strip()
+
+
 def read_lines(stream: BinaryIO, name: str) -> Iterator[str]:
     """Decoded lines of a binary stream without their newline (LF or CRLF) and without a UTF-8
     byte order mark at its start (Windows editors write one; it would be part of the first

@@ -36,7 +36,7 @@ from aiayn.search.settings import (
 )
 from aiayn.store.model_dir import load_model_dir
 from aiayn.text.batches import cut_batches, pad_rows
-from aiayn.text.corpus import read_lines
+from aiayn.text.corpus import read_lines, source_text
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.translate.metrics import bleu, bleu_by_source_length, chrf, exact_match
 
@@ -249,8 +249,9 @@ class Translator:
     ) -> tuple[list[int], list[list[int]]]:
         """(the indices of the non-empty lines, their source ids): stripped, encoded, and cut
         to what the positional table holds (with a warning naming the line)."""
-        todo = [i for i, line in enumerate(lines) if line.strip()]
-        ids = self.tokenizer.encode_batch([lines[i].strip() for i in todo])
+        texts = [source_text(line) for line in lines]
+        todo = [i for i, text in enumerate(texts) if text]
+        ids = self.tokenizer.encode_batch([texts[i] for i in todo])
         return todo, [self._fit(x, first_line_no + i) for x, i in zip(ids, todo, strict=True)]
 
     def pad(self, rows: list[list[int]]) -> torch.Tensor:
