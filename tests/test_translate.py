@@ -468,6 +468,10 @@ def test_cli_evaluate_alphas_scores_each_and_names_the_best(
     assert main([*base, "--alphas", "0.6,1.0"]) == 0
     text = capsys.readouterr().out
     assert "length ratio" in text and "<- best" in text and "--set decode.alpha=" in text
+    assert "gnmt length penalty" in text
+    assert main([*base, "--alphas", "0.6,1.0", "--length-penalty", "power"]) == 0
+    text = capsys.readouterr().out  # the sweep is of the form asked for, and says so
+    assert "power length penalty" in text and " --length-penalty power to translate" in text
     for argv, message in [
         ([*base, "--alphas", "0.6,x"], "expected numbers"),
         ([*base, "--alphas", "-1"], "in [0, 10]"),

@@ -109,7 +109,7 @@ def run_alpha_sweep(args: argparse.Namespace) -> int:
         print(json.dumps(rows))
         return 0
     print(f"{'alpha':>6} {'BLEU':>6} {'chrF':>6} {'length ratio':>12} {'BP':>5}   "
-          f"(beam {cfg.beam_size})")  # fmt: skip
+          f"(beam {cfg.beam_size}, {cfg.length_penalty} length penalty)")  # fmt: skip
     for r in rows:
         mark = "  <- best" if r["best"] else ""
         print(
@@ -117,8 +117,9 @@ def run_alpha_sweep(args: argparse.Namespace) -> int:
             f"{r['brevity_penalty']:5.3f}{mark}"
         )
     best = next(r["alpha"] for r in rows if r["best"])
+    form = "" if cfg.length_penalty == "gnmt" else f" --length-penalty {cfg.length_penalty}"
     print(
-        f"best alpha = {best:g}: pass --alpha {best:g} to translate, or train with "
+        f"best alpha = {best:g}: pass --alpha {best:g}{form} to translate, or train with "
         f"--set decode.alpha={best:g} to save it in the model"
     )
     return 0
