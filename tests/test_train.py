@@ -1136,7 +1136,8 @@ def test_choose_alpha_false_keeps_the_recipes_length_penalty(corpus, tok, tmp_pa
     assert result.step == 40  # resumed, not refused
     chosen = saved_decode_config(out / "averaged")
     assert chosen.length_penalty == "power" and "alpha_choice" in json.loads(
-        (out / "averaged" / "run_config.json").read_text())
+        (out / "averaged" / "run_config.json").read_text()
+    )
 
 
 @pytest.mark.parametrize(
