@@ -199,5 +199,10 @@ def test_cli_info_takes_the_model_directory_as_an_argument(tmp_path, tiny_cfg, c
         assert main(argv) == 0
         outputs.append(json.loads(capsys.readouterr().out))
     assert outputs[0] == outputs[1] and outputs[0]["architecture"] == "Transformer"
+    assert outputs[0]["decode"]["beam_size"] == 4  # no [decode] saved: the paper's search
+    decode = {"beam_size": 3, "alpha": 1.0, "length_penalty": "power"}
+    (tmp_path / "run_config.json").write_text(json.dumps({"model": {}, "decode": decode}))
+    assert main(["info", str(tmp_path)]) == 0  # the search translate runs without flags
+    assert json.loads(capsys.readouterr().out)["decode"].items() >= decode.items()
     with pytest.raises(SystemExit):  # one of them, not both
         main(["info", str(tmp_path), "--preset", "paper_base"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -50,6 +51,11 @@ def run_info(args: argparse.Namespace) -> int:
         "parameters": count_parameters(model),
         "config": to_dict(model.cfg),
     }
+    if args.model is not None and isinstance(model, Transformer):
+        from aiayn.translate.translator import saved_decode_config
+
+        # what `aiayn translate --model` searches with when no flag is given
+        info["decode"] = dataclasses.asdict(saved_decode_config(args.model))
     print(json.dumps(info, indent=2))
     return 0
 
