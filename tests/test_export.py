@@ -29,7 +29,7 @@ from aiayn.store.model_dir import save_model_dir
 from aiayn.text.batches import pad_rows
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.translate.metrics import bleu
-from aiayn.translate.translator import Translator
+from aiayn.translate.translator import Translator, saved_decode_config
 
 ct2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (aiayn[export])")
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (aiayn[export])")
@@ -295,6 +295,10 @@ def test_cli_export_translate_evaluate(
     out.mkdir()  # an empty directory is a fine target
     assert main(["export", "ctranslate2", "--model", str(src), "--out", str(out)]) == 0
     assert "aiayn translate --model" in capsys.readouterr().out
+    for model in (src, out):  # the export keeps the model's search; info shows it for both
+        assert main(["info", str(model)]) == 0
+        assert json.loads(capsys.readouterr().out)["decode"] == dataclasses.asdict(
+            saved_decode_config(src))  # fmt: skip
     (tmp_path / "in.txt").write_text("".join(s + "\n" for s in SOURCES), encoding="utf-8")
     (tmp_path / "ref.txt").write_text("".join(t + "\n" for t in REFS), encoding="utf-8")
     got = {}

@@ -37,8 +37,12 @@ def run_info(args: argparse.Namespace) -> int:
         args.preset, args.model = name, None
     if args.model is not None and is_export_dir(args.model):  # aiayn export wrote it
         meta = read_export_meta(args.model)
+        from aiayn.interop.engines import exported_decode_config
+
         keys = ("engine", "quantization", "architecture", "files", "versions", "source_model")
-        print(json.dumps({**{k: meta.get(k) for k in keys}, "config": meta["model"]}, indent=2))
+        decode = dataclasses.asdict(exported_decode_config(args.model))
+        print(json.dumps({**{k: meta.get(k) for k in keys}, "config": meta["model"],
+                          "decode": decode}, indent=2))  # fmt: skip
         return 0
     if args.preset:  # on the meta device: sizes without memory (a vocabulary of 10^11 is fine)
         cfg = ModelConfig.preset(args.preset, vocab_size=args.vocab_size)
