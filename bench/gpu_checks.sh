@@ -5,7 +5,8 @@
 #             bench/multi30k_published_batch.sh: configs/multi30k_en_de_published.toml, seeds
 #             1 and 2, side by side) to its 8,000 updates at the published batch on Multi30k
 #             en -> de `tok/`, averaged and scored (tokenized BLEU, greedy and beam 5), with the
-#             cuda tests beside the first call
+#             cuda tests beside the first call; RUNS="H I H32 I32" adds the same two in fp32
+#             (fairseq's precision; H and I train in bf16 autocast on a GPU)
 #   serving   issue 22 on a GPU: bench/serve_head_of_line.py (one-sentence requests while 16
 #             clients keep long 8-sentence ones in flight) and bench/serve_load.py at 32 and
 #             128 clients, the quick start model served with --device cuda
@@ -93,10 +94,11 @@ multi30k)
   if [ "${CUDA_TESTS:-0}" = 1 ]; then
     python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda.py > "$OUT/cuda_tests.log" 2>&1 &
   fi
-  RUNS="H I" DEVICE=${DEVICE:-cuda} PYTHON=python3 MINUTES=${MINUTES:-6} SCORE=${SCORE:-1} \
+  RUNS=${RUNS:-H I}
+  RUNS=$RUNS DEVICE=${DEVICE:-cuda} PYTHON=python3 MINUTES=${MINUTES:-6} SCORE=${SCORE:-1} \
       bash bench/multi30k_published_batch.sh gpu/data runs/gpu
   wait
-  for r in H I; do
+  for r in $RUNS; do
     grep "INFO step" "runs/gpu/$r.log" | tail -1 | sed "s/^/$r: /"
     cp "runs/gpu/$r.log" "$OUT/$r.log"
     [ -f "runs/gpu/$r.scores" ] && cp "runs/gpu/$r.scores" "$OUT/$r.scores"

@@ -5,6 +5,8 @@
 #         fitted to MINUTES (8,000 updates at most)
 #   H, I  the published fairseq recipe (configs/multi30k_en_de_published.toml: inverse_sqrt,
 #         warmup 2,000, peak 5e-3), seeds 1 and 2, 8,000 updates or MINUTES, whichever first
+#   H32, I32  the same in fp32, as fairseq trained it (H and I take `dtype = "auto"`: bf16
+#         autocast where the hardware has it natively)
 # (RUNS picks them: "E F H" by default; RUNS="H I" MINUTES=0 is the published recipe's whole
 # 8,000 updates twice), then each run's last 10 checkpoints averaged and scored greedy / beam 5
 # on test2016/2017. docs/benchmarks.md, "The published batch on a GPU", has the figures of one
@@ -37,7 +39,9 @@ recipe() {  # R: the options of run $1
     F) R=("${OWN[@]}" --set train.seed=2) ;;
     H) R=("${PUBLISHED[@]}" --set train.seed=1) ;;
     I) R=("${PUBLISHED[@]}" --set train.seed=2) ;;
-    *) echo "multi30k_published_batch: unknown run $1 (E, F, H, I)" >&2; exit 2 ;;
+    H32) R=("${PUBLISHED[@]}" --set train.seed=1 --set train.dtype=fp32) ;;
+    I32) R=("${PUBLISHED[@]}" --set train.seed=2 --set train.dtype=fp32) ;;
+    *) echo "multi30k_published_batch: unknown run $1 (E, F, H, I, H32, I32)" >&2; exit 2 ;;
   esac
 }
 RUNS=${RUNS:-E F H}
