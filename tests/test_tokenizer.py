@@ -60,6 +60,39 @@ def test_save_and_load(tmp_path, tok):
     assert again.vocab_size == tok.vocab_size
 
 
+SEGMENTED = ["ein mann mit einem orange@@ farb@@ enen hut .", "a man in an orange hat ."] * 20
+
+
+@pytest.fixture(scope="module")
+def word_tok():
+    return Tokenizer.train(SEGMENTED, vocab_size=8000, model_type="word")
+
+
+def test_a_word_vocabulary_keeps_the_texts_own_segmentation(word_tok, tmp_path):
+    """Text segmented beforehand (subword-nmt's "@@ " BPE, as fairseq's published recipes):
+    each piece between spaces is one id, and decoding gives the segmented text back."""
+    types = {w for line in SEGMENTED for w in line.split()}
+    assert word_tok.vocab_size == 4 + 256 + len(types)  # specials, bytes, every piece
+    ids = word_tok.encode(SEGMENTED[0])
+    assert [p.lstrip("\u2581") for p in word_tok.pieces(ids[:-1])] == SEGMENTED[0].split()
+    assert word_tok.decode(ids) == SEGMENTED[0]
+    assert not word_tok.samples  # one segmentation: subword regularization has none to draw
+    word_tok.save(tmp_path)
+    again = Tokenizer.load(tmp_path)
+    assert not again.samples and again.decode(ids) == SEGMENTED[0]
+
+
+@settings(max_examples=30)
+@given(st.lists(words, min_size=1, max_size=6))
+def test_a_word_vocabulary_round_trips_unseen_pieces_in_bytes(word_tok, parts):
+    # an unseen piece is spelled in bytes, its space marker with it, which SentencePiece
+    # decodes as the character U+2581: JointTokenizer.decode reads it as the space it stands for
+    text = " ".join(["mann", *parts, "hut"])
+    ids = word_tok.encode(text)
+    assert UNK_ID not in ids
+    assert word_tok.decode(ids) == " ".join(text.replace("\u2581", " ").split())
+
+
 def test_small_corpus_gets_the_largest_vocabulary_it_supports():
     assert 260 < Tokenizer.train(["hello world", "foo bar"], vocab_size=8000).vocab_size < 8000
 

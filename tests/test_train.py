@@ -1144,6 +1144,7 @@ def test_choose_alpha_false_keeps_the_recipes_length_penalty(corpus, tok, tmp_pa
     "over, message",
     [
         ({"train.average_last": 5, "train.keep_last": 3}, "exceeds train.keep_last=3"),
+        ({"train.spm_model_type": "word", "train.subword_alpha": 0.1}, "keeps the text's own"),
         ({"train.average_last": 1}, "average at least 2"),
         ({"train.budget_decay": 0}, r"budget_decay=0.0 must be in \(0, 1\]"),
     ],

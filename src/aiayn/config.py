@@ -157,7 +157,9 @@ class TrainConfig:
     # [model] architecture (e.g. an `aiayn import marian` one), with a fresh optimizer
     init_from: str = ""
     vocab_size: int = 8000  # SentencePiece joint vocabulary
-    spm_model_type: Literal["bpe", "unigram"] = "bpe"
+    # "word": the text comes segmented (pieces between spaces, e.g. subword-nmt's "@@ " BPE),
+    # and each distinct piece is one entry, the vocab_size most frequent (unseen ones: bytes)
+    spm_model_type: Literal["bpe", "unigram", "word"] = "bpe"
     max_tokens: int = 4096  # token budget per batch (source or target, whichever is longer)
     max_len: int = 256  # pairs with more tokens than this on either side are filtered (counted)
     label_smoothing: float = 0.1  # ε_ls (§5.4)

@@ -67,8 +67,9 @@ def load_data(
     train_text: list[tuple[str, str]] = []
     if tc.subword_alpha:  # the text is segmented again each epoch: hold it
         if not tok.samples:
-            raise ConfigError(f"train.subword_alpha needs aiayn's own tokenizer, not a "
-                              f"{type(tok).__name__} (an imported model's)")  # fmt: skip
+            raise ConfigError(f"train.subword_alpha samples segmentations, and this "
+                              f"{type(tok).__name__} has one (an imported model's, or a "
+                              "'word' vocabulary of segmented text)")  # fmt: skip
         text = list(pairs_in)
         kept: list[int] = []
         train = encode_pairs(text, tok, tc.max_len, stats, kept=kept)

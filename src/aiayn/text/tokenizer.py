@@ -165,9 +165,12 @@ ONE_BY_ONE = 32
 
 
 class JointTokenizer(Tokenizer):
-    """One SentencePiece model for both sides, with aiayn's special-token conventions."""
+    """One SentencePiece model for both sides, with aiayn's special-token conventions.
 
-    samples = True
+    Its model is BPE or unigram (text segmented by the vocabulary), or "word" (text that comes
+    segmented, its pieces between spaces: each is one entry); a word vocabulary has one
+    segmentation of a text, so it cannot sample others (`samples` is False).
+    """
 
     def __init__(self, proto: bytes) -> None:
         self.proto = proto
@@ -176,6 +179,11 @@ class JointTokenizer(Tokenizer):
             self.sp.LoadFromSerializedProto(proto)
         except (RuntimeError, OSError, TypeError) as e:
             raise CheckpointError(f"not a SentencePiece model: {e}") from None
+        try:  # the Python binding names no model type; a word model refuses to sample
+            self.sp.encode("a", enable_sampling=True, alpha=0.1, nbest_size=-1)
+            self.samples = True
+        except RuntimeError:
+            self.samples = False
         # The vocabulary owns its special ids; a model records them (ModelConfig.pad_id/...),
         # and every other part of aiayn reads them from one of the two, never from constants.
         self.pad_id, self.bos_id, self.eos_id = self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id()
@@ -194,8 +202,8 @@ class JointTokenizer(Tokenizer):
         seed_sentences: int = 2_000_000,
     ) -> JointTokenizer:
         """`Tokenizer.train`: SentencePiece trained on both sides' lines together."""
-        if model_type not in ("bpe", "unigram"):
-            raise DataError(f"model_type={model_type!r}: choose 'bpe' or 'unigram'")
+        if model_type not in ("bpe", "unigram", "word"):
+            raise DataError(f"model_type={model_type!r}: choose 'bpe', 'unigram' or 'word'")
         lines = [t for t in texts if t.strip()]
         if not lines:
             raise DataError("cannot train a tokenizer on empty text")
@@ -284,7 +292,12 @@ class JointTokenizer(Tokenizer):
         return [pre + ids + post for ids in encoded]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.sp.decode(self._content(ids))
+        text = self.sp.decode(self._content(ids))
+        if self.samples:
+            return text
+        # A word vocabulary spells an unseen piece in bytes, the space marker U+2581 in front
+        # included, which SentencePiece decodes as that character: as a space here.
+        return " ".join(text.replace("\u2581", " ").split())
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         return [self.sp.id_to_piece(int(i)) for i in ids]

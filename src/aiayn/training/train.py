@@ -172,6 +172,9 @@ def check_recipe(tc: TrainConfig) -> None:
         raise ConfigError(f"train.budget_decay={tc.budget_decay} must be in (0, 1]")
     if not 0.0 <= tc.subword_alpha < 1.0:
         raise ConfigError(f"train.subword_alpha={tc.subword_alpha} must be in [0, 1)")
+    if tc.subword_alpha and tc.spm_model_type == "word":
+        raise ConfigError("train.subword_alpha samples segmentations; a 'word' vocabulary "
+                          "(train.spm_model_type) keeps the text's own")  # fmt: skip
     if tc.average_last == 0:
         return
     if tc.average_last < 2:
