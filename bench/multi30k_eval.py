@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import sacrebleu
@@ -50,6 +51,27 @@ def read(path: Path) -> list[str]:
     return [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
 
 
+def subword_nmt(
+    codes: Path | None,
+) -> tuple[Callable[[list[str]], list[str]], Callable[[str], str]]:
+    """(segment the sources, join an output) for a model of subword-nmt segmented text, or
+    the identities without `codes`. Joining is fairseq's --remove-bpe for "@@ "."""
+    if codes is None:
+        return (lambda lines: lines), (lambda line: line)
+    from subword_nmt.apply_bpe import BPE  # bench's dependency, only for such a model
+
+    with codes.open(encoding="utf-8") as f:
+        bpe = BPE(f)
+
+    def segment(lines: list[str]) -> list[str]:
+        return [bpe.process_line(line) for line in lines]
+
+    def join(line: str) -> str:
+        return (line + " ").replace("@@ ", "").rstrip()
+
+    return segment, join
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="a model directory")
@@ -65,10 +87,17 @@ def main() -> None:
         action="store_true",
         help="a model trained on tok/: tok/ sources, outputs scored as they are",
     )
+    p.add_argument("--bpe-codes", type=Path,
+                   help="with --tokenized, a model of subword-nmt segmented tok/ (a 'word' "
+                        "vocabulary, bench/multi30k_bpe.py): sources segmented with these "
+                        "codes, outputs joined back (fairseq's --remove-bpe)")  # fmt: skip
     args = p.parse_args()
     keep_freed_memory()  # malloc as aiayn's commands set it, for every side measured here
     if not args.data.is_dir():
         sys.exit(f"multi30k_eval: Multi30k not found at {args.data}")
+    if args.bpe_codes is not None and not args.tokenized:
+        sys.exit("multi30k_eval: --bpe-codes segments tok/ sources: give --tokenized too")
+    segment, join = subword_nmt(args.bpe_codes)
     translator = Translator.load(args.model)
     given = {"alpha": args.alpha, "length_penalty": args.length_penalty}
     alpha = {k: v for k, v in given.items() if v is not None}
@@ -83,7 +112,7 @@ def main() -> None:
             ref_raw = read(args.data / "raw" / f"{test}.{args.tgt}")
         for beam in (int(b) for b in args.beams.split(",")):
             t0 = time.monotonic()
-            hyps = translator.translate(src, beam=beam, **alpha)
+            hyps = [join(h) for h in translator.translate(segment(src), beam=beam, **alpha)]
             seconds = time.monotonic() - t0
             as_tok = hyps if args.tokenized else moses_lc_tok(hyps, args.tgt)
             tok = sacrebleu.corpus_bleu(as_tok, [ref_tok], tokenize="none", force=True)
