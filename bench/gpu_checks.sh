@@ -6,7 +6,8 @@
 #             1 and 2, side by side) to its 8,000 updates at the published batch on Multi30k
 #             en -> de `tok/`, averaged and scored (tokenized BLEU, greedy and beam 5), with the
 #             cuda tests beside the first call; RUNS="H I H32 I32" adds the same two in fp32
-#             (fairseq's precision; H and I train in bf16 autocast on a GPU)
+#             (fairseq's precision; H and I train in bf16 autocast on a GPU), HB and IB the same
+#             two on the published subword-nmt segmentation
 #   serving   issue 22 on a GPU: bench/serve_head_of_line.py (one-sentence requests while 16
 #             clients keep long 8-sentence ones in flight) and bench/serve_load.py at 32 and
 #             128 clients, the quick start model served with --device cuda
@@ -52,7 +53,7 @@ prepare)
       --platform manylinux2014_x86_64 -d gpu/whl \
       pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
       num2words==0.5.14 babel==2.19.0 sacremoses==0.2.0 fastapi==0.165.0 starlette==1.10.0 \
-      uvicorn==0.54.0 httptools==0.9.0 opentelemetry-api==1.45.2 || exit
+      uvicorn==0.54.0 httptools==0.9.0 opentelemetry-api==1.45.2 subword-nmt==0.3.8 || exit
   du -sh gpu
   ;;
 multi30k | serving)
