@@ -315,10 +315,13 @@ def find_config(name_or_path: str | Path) -> Path:
     (`own_data` or `own_data.toml`: a bare name, so that a mistyped path is never replaced by
     a recipe). Missing both: a ConfigError naming the recipes."""
     path = Path(name_or_path)
-    if path.is_file():
-        return path
-    if path.is_dir():
-        raise ConfigError(f"config {path} is a directory; give a TOML file")
+    try:
+        if path.is_file():
+            return path
+        if path.is_dir():
+            raise ConfigError(f"config {path} is a directory; give a TOML file")
+    except OSError as e:  # is_file raises some errors: a name over the system's length limit
+        raise ConfigError(f"config {str(path)[:80]!r}: {e.strerror}") from None
     if len(path.parts) == 1 and path.suffix in ("", ".toml"):
         builtin = BUILTIN_CONFIGS_DIR / f"{path.stem}.toml"
         if builtin.is_file():
