@@ -24,6 +24,7 @@ from aiayn.search.settings import search_rows
 from aiayn.store.model_dir import save_model_dir
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.translate.metrics import bleu, bleu_by_source_length, chrf, exact_match
+from aiayn.translate.significance import significance
 from aiayn.translate.translator import Translator, read_lines, token_budget_batches
 
 WORDS = ["haus", "katze", "hund", "baum", "auto", "weg", "stadt", "fluss", "berg", "see", "wald"]
@@ -170,6 +171,68 @@ def test_metrics() -> None:
     assert buckets[0]["length_ratio"] == pytest.approx(3 / 6)
 
 
+def drop_words(lines: list[str], p: float, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(w for w in line.split() if rng.random() > p) for line in lines]
+
+
+def test_significance_intervals_and_paired_test() -> None:
+    refs = [f"{line} number {i}" for i, line in enumerate(corpus(300, seed=7))]
+    good, bad = drop_words(refs, 0.1, seed=1), drop_words(refs, 0.5, seed=2)
+    alone = significance(good, refs, name="good")
+    assert alone["test"] is None and alone["bootstrap_resamples"] == 1000
+    [row] = alone["systems"]
+    assert row["name"] == "good" and "p_value" not in row["bleu"]
+    for key, metric in (("bleu", bleu), ("chrf", chrf)):
+        assert row[key]["score"] == pytest.approx(metric(good, refs).score)  # sacreBLEU's
+        assert 0 < row[key]["ci95"] < 15  # a real spread, not a point
+        assert abs(row[key]["mean"] - row[key]["score"]) < row[key]["ci95"]
+    assert alone["signatures"]["bleu"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert significance(good, refs, name="good") == alone  # seeded: a rerun prints the same
+    # Four times the sentences: the interval shrinks about as 1 / sqrt(n) (to ~half).
+    wide = significance(good * 4, refs * 4)["systems"][0]["bleu"]["ci95"]
+    assert 0.35 < wide / row["bleu"]["ci95"] < 0.7
+    one_word = list(good)
+    one_word[5] += " extra"
+    paired = significance(good, refs, [("same", list(good)), ("one word", one_word),
+                                       ("bad", bad)], tokenize="none")  # fmt: skip
+    assert paired["test"] == "paired approximate randomization" and paired["trials"] == 10_000
+    assert "tok:none" in paired["signatures"]["bleu"]
+    first, same, one, worse = paired["systems"]
+    assert [s["name"] for s in paired["systems"]] == ["hypotheses", "same", "one word", "bad"]
+    for key in ("bleu", "chrf"):
+        assert "p_value" not in first[key]
+        # sacreBLEU's PairedTest says p = 0.0001 for these two (see aiayn.translate.significance)
+        assert same[key]["p_value"] == 1.0  # identical outputs: nothing to explain
+        assert one[key]["p_value"] > 0.5  # one word in 300 sentences
+        assert worse[key]["p_value"] < 0.05 and worse[key]["score"] < first[key]["score"] - 10
+    with pytest.raises(DataError, match="bad has 299 lines but the test set has 300"):
+        significance(good, refs, [("bad", bad[:-1])])
+
+
+def test_significance_agrees_with_sacrebleu_where_its_test_is_right() -> None:
+    """Away from ties, sacreBLEU's PairedTest (other random draws, the same sizes) is an
+    oracle: p-values within Monte Carlo error (~0.005 at 10,000 trials), intervals within the
+    spread of 1,000 resamples."""
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import PairedTest
+
+    refs = [f"{line} number {i}" for i, line in enumerate(corpus(300, seed=8))]
+    a, b = drop_words(refs, 0.15, seed=3), drop_words(refs, 0.16, seed=4)
+    ours = significance(a, refs, [("b", b)])["systems"]
+    _, theirs = PairedTest([("a", a), ("b", b)], {"BLEU": BLEU(), "chrF": CHRF()}, [refs],
+                           test_type="ar", n_samples=10_000, n_ar_confidence=1000)()  # fmt: skip
+    for key, name in (("bleu", "BLEU"), ("chrf", "chrF2")):
+        them = theirs[name]
+        assert not isinstance(them[1], str)
+        assert 0.01 < ours[1][key]["p_value"] < 0.9  # a case that is neither tie nor sure
+        assert ours[1][key]["p_value"] == pytest.approx(them[1].p_value, abs=0.03)
+        for mine, their in zip(ours, them, strict=True):
+            assert not isinstance(their, str)
+            assert mine[key]["score"] == pytest.approx(their.score)
+            assert mine[key]["ci95"] == pytest.approx(their.ci, rel=0.2)
+
+
 def test_tokenized_text_warning_once(caplog: pytest.LogCaptureFixture) -> None:
     """sacreBLEU's three-line warning about tokenized hypotheses (a model of tokenized text
     writes them at every validation) reaches the log once per process, not once per score."""
@@ -233,6 +296,46 @@ def test_cli_evaluate_json(model_dir: Path, tmp_path: Path, capsys: pytest.Captu
     assert main([*base, "--beam", "1", "--max-len-b", "5"]) == 0
     text = capsys.readouterr().out
     assert "BLEU = " in text and "chrF2 = " in text and "signature: nrefs:1|" in text
+
+
+def test_cli_evaluate_confidence_and_compare(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    src, ref, mine = tmp_path / "src.txt", tmp_path / "ref.txt", tmp_path / "mine.txt"
+    lines = corpus(8, seed=5)
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    base = ["evaluate", "--model", str(model_dir), "--src", str(src), "--ref", str(ref),
+            "--beam", "2", "--max-len-b", "5"]  # fmt: skip
+    assert main([*base, "--json", "--confidence", "--hyps", str(mine)]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    [row] = result["significance"]["systems"]
+    assert row["name"] == str(model_dir) and row["bleu"]["score"] == result["bleu"]["score"]
+    assert row["chrf"]["score"] == pytest.approx(result["chrf"]["score"])
+    # The references themselves, and this model's own output, as systems to compare with.
+    assert main([*base, "--json", "--compare", str(ref), "--compare", str(mine)]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    this, perfect, itself = result["significance"]["systems"]
+    assert "p_value" not in this["bleu"] and this["name"] == str(model_dir)
+    assert perfect["name"] == str(ref) and perfect["bleu"]["score"] == pytest.approx(100.0)
+    assert itself["bleu"]["p_value"] == itself["chrf"]["p_value"] == 1.0  # the same lines
+    assert main([*base, "--compare", str(mine)]) == 0
+    text = capsys.readouterr().out
+    assert "±95%" in text and "paired approximate randomization" in text
+    assert any(line.startswith(str(mine)) and line.endswith("1.0000") for line in text.splitlines())
+    short = tmp_path / "short.txt"
+    short.write_text("haus\n", encoding="utf-8")
+    for argv, message in [
+        ([*base, "--compare", str(short)], "has 1 lines but"),
+        ([*base, "--compare", str(tmp_path)], "is a directory"),
+        ([*base, "--compare", str(tmp_path / "nope.txt")], "nope.txt"),
+        ([*base, "--compare", str(mine), "--hyps", str(mine)], "is a --compare file"),
+        ([*base, "--alphas", "0.6,1", "--confidence"], "leave out --confidence"),
+        ([*base, *["--compare", str(mine)] * 11], "at most 10"),
+    ]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, (argv, err)
 
 
 def bad_runs(model_dir: Path, tmp_path: Path) -> list[tuple[list[str], str]]:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from aiayn.cli.flags import add_search_flags, decode_setup
 from aiayn.errors import AiaynError
@@ -65,10 +66,24 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
         help="choose the length penalty: score each α of a comma list ('0.6,1.0,1.4') with "
         "beam search and name the best (docs/decoding.md)",
     )
+    p.add_argument(
+        "--confidence", action="store_true",
+        help="also the 95%% confidence interval of BLEU and chrF: how far they would move on "
+        "another test set like this one (sacreBLEU's bootstrap, 1,000 resamples)",
+    )  # fmt: skip
+    p.add_argument(
+        "--compare", type=Path, action="append", default=[], metavar="HYPS",
+        help="another system's translations of --src, one line each (e.g. an earlier --hyps): "
+        "is this model's difference from it more than chance? (paired approximate "
+        "randomization, sacreBLEU's; p < 0.05: unlikely to be chance); repeatable; "
+        "implies --confidence",
+    )  # fmt: skip
 
 
 # Each α beam-searches the whole --src file once: a grid of a few values is what §6.1 did.
 MAX_ALPHAS = 100
+# Each compared system costs 10,000 rescorings of the test set (~5 s for 1,000 sentences).
+MAX_COMPARE = 10
 
 
 def parse_alphas(text: str) -> list[float]:
@@ -100,6 +115,9 @@ def run_alpha_sweep(args: argparse.Namespace) -> int:
     alphas = parse_alphas(args.alphas)  # checked before the model loads
     if args.alpha is not None or args.hyps is not None:
         raise AiaynError("--alphas chooses alpha itself: leave out --alpha and --hyps")
+    if args.confidence or args.compare:
+        raise AiaynError("--alphas scores one search per alpha: leave out --confidence and "
+                         "--compare (evaluate the chosen alpha with them)")  # fmt: skip
     src, refs = read_file_lines(args.src), read_file_lines(args.ref)
     if len(src) != len(refs):
         raise DataError(f"{args.src} has {len(src)} lines but {args.ref} has {len(refs)}")
@@ -125,9 +143,49 @@ def run_alpha_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def read_compared(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """The --compare files, read and checked before the model loads."""
+    from aiayn.atomic import same_file
+    from aiayn.errors import DataError
+    from aiayn.translate.translator import read_file_lines
+
+    if len(args.compare) > MAX_COMPARE:
+        raise AiaynError(f"--compare is given {len(args.compare)} times; at most {MAX_COMPARE}")
+    n = len(read_file_lines(args.src)) if args.compare else 0
+    compared = []
+    for path in args.compare:
+        if args.hyps is not None and same_file(path, args.hyps):
+            raise AiaynError(f"--hyps {args.hyps} is a --compare file; it would be overwritten")
+        if path.is_dir():
+            raise AiaynError(f"--compare {path} is a directory; give a file of translations")
+        lines = read_file_lines(path)
+        if len(lines) != n:
+            raise DataError(f"--compare {path} has {len(lines)} lines but {args.src} has {n}")
+        compared.append((str(path), lines))
+    return compared
+
+
+def print_significance(result: dict[str, Any]) -> None:
+    """One row per system: BLEU and chrF, the half-widths of their 95% intervals, p-values."""
+    rows = result["systems"]
+    width = max(len(r["name"]) for r in rows)
+    print(f"{'':{width}} {'BLEU':>6} {'±95%':>5} {'p':>7}  {'chrF2':>6} {'±95%':>5} {'p':>7}")
+    for r in rows:
+        cells = [f"{r[k]['score']:6.2f} {r[k]['ci95']:5.2f} "
+                 + (f"{r[k]['p_value']:7.4f}" if "p_value" in r[k] else f"{'-':>7}")
+                 for k in ("bleu", "chrf")]  # fmt: skip
+        print(f"{r['name']:{width}} {cells[0]}  {cells[1]}")
+    print(f"±95%: half the 95% interval by bootstrap ({result['bootstrap_resamples']:,} "
+          f"resamples of the sentences, seed {result['seed']})")  # fmt: skip
+    if result["test"]:
+        print(f"p: {result['test']} against the first row ({result['trials']:,} trials); "
+              "below 0.05, the difference is unlikely to be chance")  # fmt: skip
+
+
 def run_evaluate(args: argparse.Namespace) -> int:
     from aiayn.atomic import atomic_write_text, same_file
-    from aiayn.translate.translator import evaluate_files
+    from aiayn.translate.significance import significance
+    from aiayn.translate.translator import evaluate_files, read_file_lines
 
     if args.alphas is not None:
         return run_alpha_sweep(args)
@@ -137,11 +195,15 @@ def run_evaluate(args: argparse.Namespace) -> int:
                 raise AiaynError(f"--hyps {args.hyps} is the {flag} file; it would be overwritten")
         if args.hyps.is_dir():
             raise AiaynError(f"--hyps {args.hyps} is a directory; give a file name")
+    compared = read_compared(args)
     translator, cfg = decode_setup(args)
     result = evaluate_files(translator, cfg, args.src, args.ref, batch_tokens=args.batch_tokens)
     hyps = result.pop("hypotheses")
     if args.hyps is not None:
         atomic_write_text(args.hyps, "".join(h + "\n" for h in hyps))
+    if args.confidence or compared:
+        refs = read_file_lines(args.ref)
+        result["significance"] = significance(hyps, refs, compared, name=str(args.model))
     if args.json:
         print(json.dumps(result))
         return 0
@@ -153,4 +215,6 @@ def run_evaluate(args: argparse.Namespace) -> int:
             f"  source {b['source_words']:>6} words: {b['sentences']:5d} sentences, "
             f"BLEU {b['bleu']:5.2f}, length ratio {b['length_ratio']:.3f}"
         )
+    if "significance" in result:
+        print_significance(result["significance"])
     return 0
