@@ -13,6 +13,9 @@ greedy and beam 4; other search settings are the model's own, from its run's [de
     python bench/multi30k_eval.py --model runs/m30k_en_de_avg10 --src en --tgt de --beams 1,4,5
     python bench/multi30k_eval.py --model M --src en --tgt de --tokenized   # a model of tok/
 
+`--confidence`: each tokenized BLEU also with the half-width of its 95% bootstrap interval
+(aiayn evaluate's `--confidence`: 1,000 resamples of the 1,000 sentences, seeded).
+
 `--tokenized`: the model was trained on `tok/` (lowercased, tokenized text, as the published
 figures' models were): it translates `tok/`'s test sources and its outputs are scored as they
 are against `tok/` (no cased sacreBLEU: there is nothing cased to compare; chrF against `tok/`).
@@ -34,6 +37,7 @@ import sacrebleu
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 from aiayn.runtime.memory import keep_freed_memory
+from aiayn.translate.significance import significance
 from aiayn.translate.translator import Translator
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
@@ -91,6 +95,8 @@ def main() -> None:
                    help="with --tokenized, a model of subword-nmt segmented tok/ (a 'word' "
                         "vocabulary, bench/multi30k_bpe.py): sources segmented with these "
                         "codes, outputs joined back (fairseq's --remove-bpe)")  # fmt: skip
+    p.add_argument("--confidence", action="store_true",
+                   help="each tokenized BLEU's 95%% bootstrap interval too")  # fmt: skip
     args = p.parse_args()
     keep_freed_memory()  # malloc as aiayn's commands set it, for every side measured here
     if not args.data.is_dir():
@@ -119,14 +125,21 @@ def main() -> None:
             detok = None if args.tokenized else sacrebleu.corpus_bleu(hyps, [ref_raw]).score
             chrf = sacrebleu.corpus_chrf(hyps, [ref_raw])
             name = "greedy" if beam == 1 else f"beam{beam}"
+            ci = None
+            if args.confidence:
+                [row] = significance(as_tok, ref_tok, tokenize="none")["systems"]
+                ci = round(row["bleu"]["ci95"], 2)
             results.setdefault(test, {})[name] = {
                 "tok_bleu": round(tok.score, 2),
+                "tok_bleu_ci95": ci,
                 "sacrebleu": None if detok is None else round(detok, 2),
                 "chrf": round(chrf.score, 2),
                 "seconds": round(seconds, 1),
             }
             cased = "" if detok is None else f"  sacreBLEU {detok:5.2f}"
-            print(f"{test} {name:7s} tokenized BLEU {tok.score:5.2f}{cased}  chrF {chrf.score:5.2f}"
+            interval = "" if ci is None else f" ±{ci:.2f}"
+            print(f"{test} {name:7s} tokenized BLEU {tok.score:5.2f}{interval}{cased}  "
+                  f"chrF {chrf.score:5.2f}"
                   f"  ({seconds:.0f} s)", flush=True)  # fmt: skip
             out = Path(args.model) / f"{test}.{name}.{args.tgt}"
             out.write_text("\n".join(hyps) + "\n", encoding="utf-8")
