@@ -82,7 +82,7 @@ score() {  # run $1: its last 10 checkpoints averaged, then each model scored
     [ -d "$OUT/$1/$m" ] || continue
     echo "== $1/$m"
     "$PY" bench/multi30k_eval.py --model "$OUT/$1/$m" --data "$DATA" --src en --tgt de \
-        --beams 1,5 --tokenized $(codes "$1") | grep -v '^{'
+        --beams 1,5 --tokenized --confidence $(codes "$1") | grep -v '^{'
   done
   echo "== $1/avg10, GNMT length penalty 0.6 (the search of the runs before session 32)"
   "$PY" bench/multi30k_eval.py --model "$OUT/$1/avg10" --data "$DATA" --src en --tgt de \
