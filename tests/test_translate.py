@@ -542,6 +542,42 @@ def test_the_best_alpha_is_the_highest_bleu_then_chrf_then_the_first() -> None:
     # one-word targets: BLEU is 0 at every alpha, chrF still tells them apart
     zero = [{"bleu": 0.0, "chrf": c} for c in (97.1, 98.4, 98.4, 90.0)]
     assert best_alpha_row(zero) == 1
+    # With the model's own alpha (keep), the best must differ from it by more than chance
+    # in the metric that ranked them.
+    rows = [{"bleu": 30.0, "chrf": 50.0, "bleu_p_value": None, "chrf_p_value": None},
+            {"bleu": 30.6, "chrf": 50.2, "bleu_p_value": 0.3, "chrf_p_value": 0.01},
+            {"bleu": 29.0, "chrf": 49.0, "bleu_p_value": 0.01, "chrf_p_value": 0.01}]  # fmt: skip
+    assert best_alpha_row(rows) == 1 and best_alpha_row(rows, keep=0) == 0
+    rows[1]["bleu_p_value"] = 0.03  # below 0.05, but the best of two others: 0.05 / 2
+    assert best_alpha_row(rows, keep=0) == 0
+    rows[1]["bleu_p_value"] = 0.024
+    assert best_alpha_row(rows, keep=0) == 1
+    assert best_alpha_row(rows, keep=1) == 1  # the model's own is the highest
+    tied = [{**r, "bleu": 0.0} for r in rows]  # BLEU ties: chrF's p decides
+    tied[1]["bleu_p_value"] = 0.9
+    assert best_alpha_row(tied, keep=0) == 1
+    tied[1]["chrf_p_value"] = 0.2
+    assert best_alpha_row(tied, keep=0) == 0
+    same = [dict(rows[0]), {**rows[0], "bleu_p_value": 0.0, "chrf_p_value": 0.0}]
+    assert best_alpha_row(same, keep=1) == 1  # an equal score is no reason to move
+
+
+def test_the_sweep_says_what_to_do_with_its_choice() -> None:
+    from aiayn.cli.translate_cmd import sweep_advice
+
+    def rows(best: int, p: float) -> list[dict]:
+        return [{"alpha": a, "bleu": b, "chrf": 50.0, "current": a == 0.6, "best": i == best,
+                 "bleu_p_value": None if a == 0.6 else p}
+                for i, (a, b) in enumerate([(0.6, 30.0), (1.4, 31.0)])]  # fmt: skip
+
+    moved = sweep_advice(rows(1, 0.01), "power")
+    assert "best alpha = 1.4: pass --alpha 1.4 --length-penalty power to translate" in moved
+    assert "--set decode.alpha=1.4" in moved
+    assert "--length-penalty" not in sweep_advice(rows(1, 0.01), "gnmt")
+    kept = sweep_advice(rows(0, 0.3), "gnmt")
+    assert "alpha 1.4 scored highest, but within chance of the model's 0.6 (p = 0.300)" in kept
+    top = [{**r, "bleu": 32.0 if r["current"] else 31.0} for r in rows(0, 0.3)]
+    assert sweep_advice(top, "gnmt") == "the model's alpha 0.6 is the best: nothing to change"
 
 
 def test_cli_evaluate_alphas_scores_each_and_names_the_best(
@@ -557,8 +593,14 @@ def test_cli_evaluate_alphas_scores_each_and_names_the_best(
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [r["alpha"] for r in rows] == [0.6, 1.0, 1.4]
     assert [r["best"] for r in rows].count(True) == 1
+    assert [r["current"] for r in rows] == [True, False, False]  # the model's own 0.6
+    assert rows[0]["bleu_p_value"] is None and rows[0]["chrf_p_value"] is None
+    assert all(0 < r["bleu_p_value"] <= 1 and 0 < r["chrf_p_value"] <= 1 for r in rows[1:])
     best = next(r for r in rows if r["best"])
-    assert best["bleu"] == max(r["bleu"] for r in rows)
+    top = max(rows, key=lambda r: (r["bleu"], r["chrf"]))
+    # the highest, or the model's own where the highest is within chance of it
+    assert best is top or (best is rows[0] and (top["bleu_p_value"] >= 0.05 / 2
+                                                or top["bleu"] == rows[0]["bleu"]))  # fmt: skip
     for r in rows:  # each row is the plain evaluate of that alpha
         assert main([*base, "--alpha", str(r["alpha"]), "--json"]) == 0
         one = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -568,13 +610,18 @@ def test_cli_evaluate_alphas_scores_each_and_names_the_best(
     assert main([*base, "--alphas", "0.6,1.0,0.6,1.0", "--json"]) == 0  # each value once
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [r["alpha"] for r in again] == [0.6, 1.0]
+    assert main([*base, "--alphas", "1.0,1.4", "--json"]) == 0  # the model's 0.6 is added
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(r["alpha"], r["current"]) for r in rows] == [(0.6, True), (1.0, False), (1.4, False)]
     assert main([*base, "--alphas", "0.6,1.0"]) == 0
     text = capsys.readouterr().out
-    assert "length ratio" in text and "<- best" in text and "--set decode.alpha=" in text
-    assert "gnmt length penalty" in text
+    assert "length ratio" in text and "<- best" in text and "the model's" in text
+    assert ("--set decode.alpha=" in text or "nothing to change" in text
+            or "within chance of the model's 0.6" in text)  # fmt: skip
+    assert "gnmt length penalty" in text and "paired approximate randomization" in text
     assert main([*base, "--alphas", "0.6,1.0", "--length-penalty", "power"]) == 0
     text = capsys.readouterr().out  # the sweep is of the form asked for, and says so
-    assert "power length penalty" in text and " --length-penalty power to translate" in text
+    assert "power length penalty" in text
     for argv, message in [
         ([*base, "--alphas", "0.6,x"], "expected numbers"),
         ([*base, "--alphas", "-1"], "in [0, 10]"),

@@ -110,7 +110,7 @@ def parse_alphas(text: str) -> list[float]:
 def run_alpha_sweep(args: argparse.Namespace) -> int:
     """`evaluate --alphas`: a table (or JSON list) of BLEU and chrF per α, and the best one."""
     from aiayn.errors import DataError
-    from aiayn.translate.translator import read_file_lines, sweep_alpha
+    from aiayn.translate.translator import SIGNIFICANCE_LEVEL, read_file_lines, sweep_alpha
 
     alphas = parse_alphas(args.alphas)  # checked before the model loads
     if args.alpha is not None or args.hyps is not None:
@@ -126,21 +126,41 @@ def run_alpha_sweep(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'alpha':>6} {'BLEU':>6} {'chrF':>6} {'length ratio':>12} {'BP':>5}   "
+    print(f"{'alpha':>6} {'BLEU':>6} {'p':>6} {'chrF':>6} {'length ratio':>12} {'BP':>5}   "
           f"(beam {cfg.beam_size}, {cfg.length_penalty} length penalty)")  # fmt: skip
     for r in rows:
-        mark = "  <- best" if r["best"] else ""
+        p = "-" if r["bleu_p_value"] is None else f"{r['bleu_p_value']:.3f}"
+        marks = [m for m, on in (("the model's", r["current"]), ("<- best", r["best"])) if on]
         print(
-            f"{r['alpha']:6.2f} {r['bleu']:6.2f} {r['chrf']:6.2f} {r['length_ratio']:12.3f} "
-            f"{r['brevity_penalty']:5.3f}{mark}"
+            f"{r['alpha']:6.2f} {r['bleu']:6.2f} {p:>6} {r['chrf']:6.2f} "
+            f"{r['length_ratio']:12.3f} {r['brevity_penalty']:5.3f}  {' '.join(marks)}".rstrip()
         )
+    others = max(len(rows) - 1, 1)
+    print("p: paired approximate randomization against the model's alpha (10,000 trials); "
+          f"the best moves from it only below {SIGNIFICANCE_LEVEL:g} / {others} other "
+          f"alphas = {SIGNIFICANCE_LEVEL / others:.3g}")  # fmt: skip
+    print(sweep_advice(rows, cfg.length_penalty))
+    return 0
+
+
+def sweep_advice(rows: list[dict[str, Any]], length_penalty: str) -> str:
+    """The sweep's last line: what to do with its choice (sweep_alpha's rows)."""
+    current = next(r for r in rows if r["current"])
+    top = max(rows, key=lambda r: (r["bleu"], r["chrf"]))
+    if current["best"] and top is not current and top["bleu"] != current["bleu"]:
+        return (
+            f"alpha {top['alpha']:g} scored highest, but within chance of the model's "
+            f"{current['alpha']:g} (p = {top['bleu_p_value']:.3f}): keep {current['alpha']:g}, "
+            "or decide on more sentences"
+        )
+    if current["best"]:
+        return f"the model's alpha {current['alpha']:g} is the best: nothing to change"
     best = next(r["alpha"] for r in rows if r["best"])
-    form = "" if cfg.length_penalty == "gnmt" else f" --length-penalty {cfg.length_penalty}"
-    print(
+    form = "" if length_penalty == "gnmt" else f" --length-penalty {length_penalty}"
+    return (
         f"best alpha = {best:g}: pass --alpha {best:g}{form} to translate, or train with "
         f"--set decode.alpha={best:g} to save it in the model"
     )
-    return 0
 
 
 def read_compared(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
