@@ -93,6 +93,8 @@ def test_the_recipes_are_built_in_by_name(tmp_path, monkeypatch):
         load_config("own_dta")
     with pytest.raises(ConfigError, match="not found: sub/own_data.toml"):
         load_config("sub/own_data.toml")  # a path is never taken for a name
+    with pytest.raises(ConfigError, match="not found: own_data"):
+        load_config("own_data/")  # nor a directory's (Path drops the slash)
     with pytest.raises(ConfigError, match="is a directory"):
         load_config(tmp_path)
     with pytest.raises(ConfigError, match="File name too long"):  # was OSError's traceback

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -322,7 +323,8 @@ def find_config(name_or_path: str | Path) -> Path:
             raise ConfigError(f"config {path} is a directory; give a TOML file")
     except OSError as e:  # is_file raises some errors: a name over the system's length limit
         raise ConfigError(f"config {str(path)[:80]!r}: {e.strerror}") from None
-    if len(path.parts) == 1 and path.suffix in ("", ".toml"):
+    bare = len(path.parts) == 1 and not str(name_or_path).endswith(("/", os.sep))  # own_data/
+    if bare and path.suffix in ("", ".toml"):
         builtin = BUILTIN_CONFIGS_DIR / f"{path.stem}.toml"
         if builtin.is_file():
             return builtin
