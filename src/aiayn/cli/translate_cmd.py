@@ -63,20 +63,21 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hyps", type=Path, help="also write the translations to this file")
     p.add_argument(
         "--alphas",
-        help="choose the length penalty: score each α of a comma list ('0.6,1.0,1.4') with "
-        "beam search and name the best (docs/decoding.md)",
+        help="choose the length penalty: score each α of a comma list ('0.6,1.0,1.4') and the "
+        "model's own with beam search, and name the best, unless it is within chance of the "
+        "model's α (docs/decoding.md)",
     )
     p.add_argument(
         "--confidence", action="store_true",
         help="also the 95%% confidence interval of BLEU and chrF: how far they would move on "
-        "another test set like this one (sacreBLEU's bootstrap, 1,000 resamples)",
+        "another test set like this one (bootstrap: 1,000 resamples of the sentences)",
     )  # fmt: skip
     p.add_argument(
         "--compare", type=Path, action="append", default=[], metavar="HYPS",
         help="another system's translations of --src, one line each (e.g. an earlier --hyps): "
         "is this model's difference from it more than chance? (paired approximate "
-        "randomization, sacreBLEU's; p < 0.05: unlikely to be chance); repeatable; "
-        "implies --confidence",
+        "randomization, 10,000 trials; p < 0.05: unlikely to be chance); repeatable, at most "
+        "10; implies --confidence",
     )  # fmt: skip
 
 
