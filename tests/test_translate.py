@@ -204,7 +204,7 @@ def test_significance_intervals_and_paired_test() -> None:
         assert "p_value" not in first[key]
         # sacreBLEU's PairedTest says p = 0.0001 for these two (see aiayn.translate.significance)
         assert same[key]["p_value"] == 1.0  # identical outputs: nothing to explain
-        assert one[key]["p_value"] > 0.5  # one word in 300 sentences
+        assert one[key]["p_value"] > 0.5  # one word in 300 sentences (1.0 here)
         assert worse[key]["p_value"] < 0.05 and worse[key]["score"] < first[key]["score"] - 10
     with pytest.raises(DataError, match="bad has 299 lines but the test set has 300"):
         significance(good, refs, [("bad", bad[:-1])])
