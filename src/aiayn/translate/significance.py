@@ -13,7 +13,7 @@ issues #3 and #5). Here, as in the textbook test, a shuffle at least as far apar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,8 +27,9 @@ from aiayn.errors import DataError
 BOOTSTRAP_RESAMPLES = 1000
 RANDOMIZATION_TRIALS = 10_000
 SEED = 12345
-# Resamples are drawn this many sentence-weights at a time: (chunk x N) float64 at most
-# ~64 MB, whatever the size of the test set.
+# Resamples and shuffles are drawn this many sentence-weights at a time, and not kept:
+# (chunk x N) float64 is at most ~64 MB whatever the size of the test set (all 10,000 shuffles
+# of 100,000 sentences at once would be 8 GB).
 _CHUNK_CELLS = 8_000_000
 
 
@@ -51,25 +52,34 @@ def _chunks(total: int, n: int) -> list[int]:
     return [min(size, total - start) for start in range(0, total, size)]
 
 
-def bootstrap_weights(rng: np.random.Generator, n: int, resamples: int) -> list[np.ndarray]:
-    """Each resample as how often it drew each of the n sentences (n draws with replacement)."""
-    return [rng.multinomial(n, np.full(n, 1.0 / n), size=c).astype(np.float64)
-            for c in _chunks(resamples, n)]  # fmt: skip
+def bootstrap_weights(n: int, resamples: int) -> Iterator[np.ndarray]:
+    """The resamples, a chunk at a time, each as how often it drew each of the n sentences
+    (n draws with replacement). Every call yields the same draws (each chunk from its own
+    seed): every system and metric is resampled alike, and memory holds one chunk."""
+    for i, size in enumerate(_chunks(resamples, n)):
+        rng = np.random.default_rng([SEED, 0, i])
+        yield rng.multinomial(n, np.full(n, 1.0 / n), size=size).astype(np.float64)
 
 
-def interval(
-    metric: Metric, stats_NK: np.ndarray, weights: list[np.ndarray]
-) -> tuple[float, float]:
+def shuffle_masks(n: int, trials: int) -> Iterator[np.ndarray]:
+    """The randomization's trials, a chunk at a time: 1 marks a sentence whose two outputs
+    swap (a fair coin each). The same draws at every call, as `bootstrap_weights`."""
+    for i, size in enumerate(_chunks(trials, n)):
+        rng = np.random.default_rng([SEED, 1, i])
+        yield rng.integers(2, size=(size, n)).astype(np.float64)
+
+
+def interval(metric: Metric, stats_NK: np.ndarray) -> tuple[float, float]:
     """(mean, half-width) of the 95% bootstrap interval: the 2.5th to 97.5th percentile of
     the resampled corpus scores (sacreBLEU's definition)."""
-    resampled = np.sort(np.concatenate([scores(metric, w @ stats_NK) for w in weights]))
+    n = len(stats_NK)
+    chunks = bootstrap_weights(n, BOOTSTRAP_RESAMPLES)
+    resampled = np.sort(np.concatenate([scores(metric, w @ stats_NK) for w in chunks]))
     low = len(resampled) // 40
     return float(resampled.mean()), float(resampled[-1 - low] - resampled[low]) / 2
 
 
-def randomization_p(
-    metric: Metric, a_NK: np.ndarray, b_NK: np.ndarray, masks: list[np.ndarray]
-) -> float:
+def randomization_p(metric: Metric, a_NK: np.ndarray, b_NK: np.ndarray) -> float:
     """The chance that two systems as interchangeable as a coin toss per sentence differ by
     at least their observed |score(a) - score(b)|: each trial swaps the two outputs of the
     sentences its mask marks; p = (trials at least as far apart + 1) / (trials + 1)."""
@@ -78,12 +88,11 @@ def randomization_p(
                    - scores(metric, b_NK.sum(0, keepdims=True))[0])  # fmt: skip
     delta_NK = b_NK - a_NK
     as_far = 0
-    for mask in masks:
+    for mask in shuffle_masks(len(a_NK), RANDOMIZATION_TRIALS):
         shuffled_a = a_NK.sum(0) + mask @ delta_NK  # a's sums with the marked sentences b's
         diff = np.abs(scores(metric, shuffled_a) - scores(metric, both - shuffled_a))
-        as_far += int(np.sum(diff >= observed))
-    trials = sum(len(m) for m in masks)
-    return (as_far + 1) / (trials + 1)
+        as_far += int(np.sum(diff >= observed))  # exact: the sums are of whole counts
+    return (as_far + 1) / (RANDOMIZATION_TRIALS + 1)
 
 
 def significance(
@@ -112,12 +121,6 @@ def significance(
             raise DataError(f"{other_name} has {len(other)} lines but the test set has {len(hyps)}")
     metrics: dict[str, Metric] = {"bleu": BLEU(tokenize=tokenize, force=tokenize == "none"),
                                   "chrf": CHRF()}  # fmt: skip
-    rng = np.random.default_rng(SEED)
-    n = len(hyps)
-    # The same resamples and the same shuffles for every system and metric: paired.
-    weights = bootstrap_weights(rng, n, BOOTSTRAP_RESAMPLES)
-    masks = ([rng.integers(2, size=(c, n)).astype(np.float64)
-              for c in _chunks(RANDOMIZATION_TRIALS, n)] if others else [])  # fmt: skip
     systems: list[dict[str, Any]] = [{"name": name}, *({"name": o} for o, _ in others)]
     signatures = {}
     outputs = [hyps, *(o for _, o in others)]
@@ -126,11 +129,11 @@ def significance(
         signatures[key] = str(metric.get_signature())  # after the statistics: it names nrefs
         for i, (system, lines) in enumerate(zip(systems, outputs, strict=True)):
             stats = sentence_stats(metric, lines, refs) if i else first
-            mean, half = interval(metric, stats, weights)
+            mean, half = interval(metric, stats)  # the same resamples for every system
             entry = {"score": float(scores(metric, stats.sum(0, keepdims=True))[0]),
                      "mean": mean, "ci95": half}  # fmt: skip
             if i:
-                entry["p_value"] = randomization_p(metric, first, stats, masks)
+                entry["p_value"] = randomization_p(metric, first, stats)
             system[key] = entry
     return {
         "bootstrap_resamples": BOOTSTRAP_RESAMPLES,

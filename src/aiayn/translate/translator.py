@@ -372,7 +372,7 @@ def evaluate_lines(
 # (Bonferroni: the best of three is a selection, and one of three chance differences would
 # pass a plain 0.05 test one time in seven). Run H of docs/benchmarks.md shows why: at the end
 # of its training α 2.0 beat the recipe's 0.6 by 0.55 BLEU on the first 300 validation
-# sentences (p = 0.03, against 0.05 / 3), by 0.16 on all 1,014 (p = 0.43), and lost 0.3 and 0.9
+# sentences (p = 0.037, against 0.05 / 3), by 0.16 on all 1,014 (p = 0.43), and lost 0.3 and 0.9
 # BLEU to it on the two test sets.
 SIGNIFICANCE_LEVEL = 0.05
 
