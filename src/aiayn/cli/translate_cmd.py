@@ -110,8 +110,7 @@ def parse_alphas(text: str) -> list[float]:
 
 def run_alpha_sweep(args: argparse.Namespace) -> int:
     """`evaluate --alphas`: a table (or JSON list) of BLEU and chrF per α, and the best one."""
-    from aiayn.errors import DataError
-    from aiayn.translate.translator import SIGNIFICANCE_LEVEL, read_file_lines, sweep_alpha
+    from aiayn.translate.translator import SIGNIFICANCE_LEVEL, read_test_set, sweep_alpha
 
     alphas = parse_alphas(args.alphas)  # checked before the model loads
     if args.alpha is not None or args.hyps is not None:
@@ -119,9 +118,7 @@ def run_alpha_sweep(args: argparse.Namespace) -> int:
     if args.confidence or args.compare:
         raise AiaynError("--alphas scores one search per alpha: leave out --confidence and "
                          "--compare (evaluate the chosen alpha with them)")  # fmt: skip
-    src, refs = read_file_lines(args.src), read_file_lines(args.ref)
-    if len(src) != len(refs):
-        raise DataError(f"{args.src} has {len(src)} lines but {args.ref} has {len(refs)}")
+    src, refs = read_test_set(args.src, args.ref)
     translator, cfg = decode_setup(args)
     rows = sweep_alpha(translator, cfg, src, refs, alphas, batch_tokens=args.batch_tokens)
     if args.json:
@@ -146,8 +143,10 @@ def run_alpha_sweep(args: argparse.Namespace) -> int:
 
 def sweep_advice(rows: list[dict[str, Any]], length_penalty: str) -> str:
     """The sweep's last line: what to do with its choice (sweep_alpha's rows)."""
+    from aiayn.translate.translator import best_alpha_row
+
     current = next(r for r in rows if r["current"])
-    top = max(rows, key=lambda r: (r["bleu"], r["chrf"]))
+    top = rows[best_alpha_row(rows)]  # the highest, whether or not it is chosen
     if current["best"] and top is not current and top["bleu"] != current["bleu"]:
         return (
             f"alpha {top['alpha']:g} scored highest, but within chance of the model's "
@@ -164,15 +163,14 @@ def sweep_advice(rows: list[dict[str, Any]], length_penalty: str) -> str:
     )
 
 
-def read_compared(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
-    """The --compare files, read and checked before the model loads."""
+def read_compared(args: argparse.Namespace, n: int) -> list[tuple[str, list[str]]]:
+    """The --compare files, read and checked (n lines, as --src) before the model loads."""
     from aiayn.atomic import same_file
     from aiayn.errors import DataError
     from aiayn.translate.translator import read_file_lines
 
     if len(args.compare) > MAX_COMPARE:
         raise AiaynError(f"--compare is given {len(args.compare)} times; at most {MAX_COMPARE}")
-    n = len(read_file_lines(args.src)) if args.compare else 0
     compared = []
     for path in args.compare:
         if args.hyps is not None and same_file(path, args.hyps):
@@ -206,7 +204,7 @@ def print_significance(result: dict[str, Any]) -> None:
 def run_evaluate(args: argparse.Namespace) -> int:
     from aiayn.atomic import atomic_write_text, same_file
     from aiayn.translate.significance import significance
-    from aiayn.translate.translator import evaluate_files, read_file_lines
+    from aiayn.translate.translator import evaluate_lines, read_test_set
 
     if args.alphas is not None:
         return run_alpha_sweep(args)
@@ -216,14 +214,14 @@ def run_evaluate(args: argparse.Namespace) -> int:
                 raise AiaynError(f"--hyps {args.hyps} is the {flag} file; it would be overwritten")
         if args.hyps.is_dir():
             raise AiaynError(f"--hyps {args.hyps} is a directory; give a file name")
-    compared = read_compared(args)
+    src, refs = read_test_set(args.src, args.ref)  # read once, checked before the model loads
+    compared = read_compared(args, len(src))
     translator, cfg = decode_setup(args)
-    result = evaluate_files(translator, cfg, args.src, args.ref, batch_tokens=args.batch_tokens)
+    result = evaluate_lines(translator, cfg, src, refs, batch_tokens=args.batch_tokens)
     hyps = result.pop("hypotheses")
     if args.hyps is not None:
         atomic_write_text(args.hyps, "".join(h + "\n" for h in hyps))
     if args.confidence or compared:
-        refs = read_file_lines(args.ref)
         result["significance"] = significance(hyps, refs, compared, name=str(args.model))
     if args.json:
         print(json.dumps(result))

@@ -76,7 +76,7 @@ def _choose_alpha(run: Run, progress: bool) -> None:
     The sweep is `evaluate --alphas`' own (translate.sweep_alpha), at the run's beam size and
     in the precision `aiayn translate` would decode in, on the first ALPHA_SENTENCES pairs.
     """
-    from aiayn.translate.translator import Translator, sweep_alpha
+    from aiayn.translate.translator import Translator, best_alpha_row, sweep_alpha
 
     dc, data = run.cfg.decode, run.data
     if not run.tc.choose_alpha:
@@ -100,7 +100,7 @@ def _choose_alpha(run: Run, progress: bool) -> None:
     saved["decode"] = {**saved.get("decode", {}), "alpha": best["alpha"]}
     saved["alpha_choice"] = {"sentences": n, "beam_size": dc.beam_size, "rows": rows}
     atomic_write_json(path, saved)
-    top = max(rows, key=lambda r: (r["bleu"], r["chrf"]))
+    top = rows[best_alpha_row(rows)]  # the highest, whether or not it is chosen
     kept = "" if top is best else (
         f"; alpha {top['alpha']:g} scored highest, within chance of {best['alpha']:g} "
         f"(p = {top['bleu_p_value']:.2f}), so the recipe's alpha stays"

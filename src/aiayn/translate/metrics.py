@@ -56,7 +56,7 @@ class Score:
         return dataclasses.asdict(self)
 
 
-def _check(hyps: Sequence[str], refs: Sequence[str]) -> None:
+def check_scored(hyps: Sequence[str], refs: Sequence[str]) -> None:
     if len(hyps) != len(refs):
         raise DataError(f"{len(hyps)} hypotheses but {len(refs)} references")
     if not hyps:
@@ -65,7 +65,7 @@ def _check(hyps: Sequence[str], refs: Sequence[str]) -> None:
 
 def bleu(hyps: Sequence[str], refs: Sequence[str]) -> Score:
     """Corpus BLEU of `hyps` against one reference each (sacreBLEU defaults)."""
-    _check(hyps, refs)
+    check_scored(hyps, refs)
     metric = BLEU()
     result = metric.corpus_score(list(hyps), [list(refs)])
     ratio = result.sys_len / result.ref_len if result.ref_len else 0.0
@@ -75,7 +75,7 @@ def bleu(hyps: Sequence[str], refs: Sequence[str]) -> Score:
 
 def chrf(hyps: Sequence[str], refs: Sequence[str]) -> Score:
     """Corpus chrF2 (character n-gram F-score, beta = 2) of `hyps` against one reference each."""
-    _check(hyps, refs)
+    check_scored(hyps, refs)
     metric = CHRF()
     result = metric.corpus_score(list(hyps), [list(refs)])
     return Score(result.name, float(result.score), str(metric.get_signature()), str(result))
@@ -89,7 +89,7 @@ def bleu_by_source_length(
 ) -> list[dict[str, object]]:
     """Corpus BLEU and length ratio per bucket of source length in words (1-10, 11-20, 21-30,
     31+ by default): where in the length range a model loses, e.g. to short translations."""
-    _check(hyps, refs)
+    check_scored(hyps, refs)
     bounds = [0, *edges, 1 << 30]  # the last bucket is open-ended
     out: list[dict[str, object]] = []
     for lo, hi in itertools.pairwise(bounds):
@@ -105,5 +105,5 @@ def bleu_by_source_length(
 
 def exact_match(hyps: Sequence[str], refs: Sequence[str]) -> float:
     """Percentage of hypotheses equal to their reference after stripping outer whitespace."""
-    _check(hyps, refs)
+    check_scored(hyps, refs)
     return 100.0 * sum(h.strip() == r.strip() for h, r in zip(hyps, refs, strict=True)) / len(hyps)

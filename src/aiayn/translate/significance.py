@@ -21,6 +21,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.metrics.base import Metric
 
 from aiayn.errors import DataError
+from aiayn.translate.metrics import check_scored
 
 # sacreBLEU's defaults for its --confidence and --paired-ar; a fixed seed (sacreBLEU's own,
 # 12345), so a rerun prints the same numbers.
@@ -112,10 +113,7 @@ def significance(
     `tokenize` is BLEU's ("none" for text already tokenized, as in published Multi30k
     figures). Returns a JSON-ready dict: the tests, their sizes and seed, the metrics'
     signatures, and one entry per system, `hyps` (called `name`) first."""
-    if len(hyps) != len(refs):
-        raise DataError(f"{len(hyps)} hypotheses but {len(refs)} references")
-    if not hyps:
-        raise DataError("nothing to score: no sentences")
+    check_scored(hyps, refs)
     for other_name, other in others:
         if len(other) != len(hyps):
             raise DataError(f"{other_name} has {len(other)} lines but the test set has {len(hyps)}")

@@ -320,19 +320,12 @@ def translate_to(
     return n
 
 
-def evaluate_files(
-    translator: Translator,
-    cfg: DecodeConfig,
-    src_path: Path,
-    ref_path: Path,
-    *,
-    batch_tokens: int = 2048,
-) -> dict[str, Any]:
-    """Translate `src_path` and score it against `ref_path` (see `evaluate_lines`)."""
+def read_test_set(src_path: Path, ref_path: Path) -> tuple[list[str], list[str]]:
+    """The source lines and their references (`evaluate_lines`' input), as many of each."""
     src, refs = read_file_lines(src_path), read_file_lines(ref_path)
     if len(src) != len(refs):
         raise DataError(f"{src_path} has {len(src)} lines but {ref_path} has {len(refs)}")
-    return evaluate_lines(translator, cfg, src, refs, batch_tokens=batch_tokens)
+    return src, refs
 
 
 def evaluate_lines(
