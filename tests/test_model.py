@@ -549,7 +549,7 @@ def test_beam_style_reorders_in_inference_mode_match_full_forward(tiny_cfg):
 
 
 def test_linear_fast_path_matches_and_sees_weight_updates():
-    from aiayn.nn.attention import Linear
+    from aiayn.runtime.kernels import Linear
 
     torch.manual_seed(17)
     lin = Linear(16, 24)
@@ -583,7 +583,7 @@ def test_linear_gives_a_row_the_same_bits_in_any_batch(shape, activation, torch_
     whichever path this machine takes at this thread count (prepacked oneDNN, or `F.linear`
     padded to 4 rows where that is faster and checked invariant), so a served sentence gets
     `translate`'s bits."""
-    from aiayn.nn.attention import Linear
+    from aiayn.runtime.kernels import Linear
 
     torch.manual_seed(5)
     lin = Linear(*shape)
@@ -607,10 +607,10 @@ def test_linear_remembers_its_path_and_sees_new_weights(plain, torch_threads, mo
     small weights, forced here): the same bits as a fresh layer's first call, and every change
     of the weights seen: in place, new storage of the weight or the bias, a new state dict,
     another thread count, another dtype."""
-    import aiayn.nn.attention
-    from aiayn.nn.attention import Linear
+    import aiayn.runtime.kernels
+    from aiayn.runtime.kernels import Linear
 
-    monkeypatch.setattr(aiayn.nn.attention, "_PLAIN_PREFERRED", plain)
+    monkeypatch.setattr(aiayn.runtime.kernels, "_PLAIN_PREFERRED", plain)
     torch.manual_seed(8)
     lin = Linear(128, 384)
     x = torch.randn(3, 128)
@@ -668,7 +668,7 @@ def test_residual_dropout_in_training_only(norm_first, monkeypatch):
 
 
 def test_padded_linear_is_linear():
-    from aiayn.nn.attention import PLAIN_MIN_ROWS, padded_linear
+    from aiayn.runtime.kernels import PLAIN_MIN_ROWS, padded_linear
 
     torch.manual_seed(6)
     w, b = torch.randn(12, 8), torch.randn(12)

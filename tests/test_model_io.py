@@ -129,7 +129,7 @@ def test_a_model_past_the_machines_memory_is_refused_before_it_is_built(
     claims max_len=10^9 was a 512 GB allocation's traceback after 15 s; now one line. Weights
     past half the machine's memory (the model and the file's tensors are held at once) are
     refused from the file's size."""
-    import aiayn.store.model_dir as model_dir
+    import aiayn.runtime.device as device
 
     save_model_dir(Transformer(tiny_cfg), tmp_path)
     meta = json.loads((tmp_path / CONFIG_FILE).read_text())
@@ -144,10 +144,10 @@ def test_a_model_past_the_machines_memory_is_refused_before_it_is_built(
     (tmp_path / CONFIG_FILE).write_text(json.dumps(meta))
     load_model_dir(tmp_path)
     size = (tmp_path / WEIGHTS_FILE).stat().st_size
-    monkeypatch.setattr(model_dir, "total_memory", lambda device: 2 * size - 1)
+    monkeypatch.setattr(device, "total_memory", lambda device: 2 * size - 1)
     with pytest.raises(CheckpointError, match="loading holds it twice"):
         load_model_dir(tmp_path)
-    monkeypatch.setattr(model_dir, "total_memory", lambda device: 2 * size)
+    monkeypatch.setattr(device, "total_memory", lambda device: 2 * size)
     load_model_dir(tmp_path)
 
 

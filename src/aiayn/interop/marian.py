@@ -34,7 +34,7 @@ from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, ModelConfig, to_dict
 from aiayn.errors import CheckpointError
 from aiayn.nn.model import Transformer, sinusoidal_positions
 from aiayn.search.settings import MAX_ALPHA
-from aiayn.store.model_dir import check_state_dict, save_model_dir
+from aiayn.store.model_dir import check_position_table, check_state_dict, save_model_dir
 from aiayn.text.tokenizer import MARIAN_FILES, MarianTokenizer, check_marian_vocab
 
 log = logging.getLogger(__name__)
@@ -352,6 +352,7 @@ def import_marian(hf_dir: str | Path, out: str | Path) -> Imported:
     tensors = read_weights(hf_dir)
     bias = tensors.get("final_logits_bias")
     cfg = model_config(hf, logits_bias=bias is not None and bool(bias.any()))
+    check_position_table(cfg)  # max_position_embeddings alone sizes Marian's sinusoidal table
     state = map_weights(tensors, cfg, hf_dir / WEIGHTS)
     model = Transformer(cfg)
     check_state_dict(model, state, str(hf_dir / WEIGHTS))

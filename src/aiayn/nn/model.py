@@ -26,11 +26,10 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
-from aiayn.errors import ConfigError
-from aiayn.nn.attention import Activation, Linear, MultiHeadAttention
+from aiayn.nn.attention import MultiHeadAttention
 from aiayn.nn.kv_cache import KVCache, Memory
 from aiayn.nn.tracing import Trace, is_tracing, tap
-from aiayn.runtime.device import total_memory
+from aiayn.runtime.kernels import Activation, Linear
 
 # --- position-wise FFN (§3.3) and positions (§3.5) --------------------------------------------
 
@@ -61,6 +60,15 @@ class PositionwiseFFN(nn.Module):
 TABLE_BYTES_PER_ENTRY = 24
 
 
+def position_table_bytes(cfg: ModelConfig) -> int:
+    """Memory that computing the sinusoidal table takes (0 for learned positions: parameters).
+    No weight's shape bounds it, so whoever builds a model from an untrusted config checks it
+    first (`aiayn.store.model_dir.check_position_table`)."""
+    if cfg.positional == "learned":
+        return 0
+    return cfg.max_len * cfg.d_model * TABLE_BYTES_PER_ENTRY
+
+
 def sinusoidal_positions(
     n_positions: int, d_model: int, layout: Literal["interleaved", "halves"] = "interleaved"
 ) -> Tensor:
@@ -72,15 +80,6 @@ def sinusoidal_positions(
     """
     if d_model % 2:
         raise ValueError(f"sinusoidal positions need an even d_model, got {d_model}")
-    # No weight's shape bounds this table (it is never saved), so a config's max_len alone
-    # sizes it: one of 10^9 rows was a 512 GB allocation's traceback after 15 s.
-    need, have = n_positions * d_model * TABLE_BYTES_PER_ENTRY, total_memory(torch.device("cpu"))
-    if have is not None and need > have:
-        raise ConfigError(
-            f"a sinusoidal table of max_len={n_positions:,} positions x d_model={d_model} needs "
-            f"{need / 2**30:,.1f} GiB while it is computed, more than this machine's "
-            f"{have / 2**30:,.1f} GiB: choose a smaller max_len"
-        )
     pos_P1 = torch.arange(n_positions, dtype=torch.float64)[:, None]
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # 2i for each pair
     angle_PI = pos_P1 / torch.pow(10000.0, two_i / d_model)

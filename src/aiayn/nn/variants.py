@@ -11,8 +11,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
-from aiayn.nn.attention import Linear
 from aiayn.nn.model import Embeddings, Encoder, Transformer, _ModelBase
+from aiayn.runtime.kernels import Linear
 
 
 class EncoderClassifier(_ModelBase):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Literal
@@ -200,3 +201,16 @@ def total_memory(device: torch.device) -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # no sysconf (Windows), or no such name
         return None
+
+
+def require_memory(
+    need: int, device: torch.device, refusal: Callable[[float, float], str], error: type[Exception]
+) -> None:
+    """The one memory guard: raise `error(refusal(need_gib, have_gib))` when `need` bytes are
+    more than `device` has in all. Callers size what they are about to allocate (on the meta
+    device, from a config or a file's size) before anything is allocated or written: past the
+    machine's memory, torch's allocation fails with a traceback, or the kernel's OOM killer
+    ends the process, long after the mistake was made."""
+    have = total_memory(device)
+    if have is not None and need > have:
+        raise error(refusal(need / 2**30, have / 2**30))

@@ -22,9 +22,9 @@ from safetensors.torch import save as st_save
 from aiayn.atomic import atomic_write_bytes, atomic_write_json, read_json_object
 from aiayn.config import ModelConfig, from_dict, to_dict
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.nn.model import _ModelBase
+from aiayn.nn.model import _ModelBase, position_table_bytes
 from aiayn.nn.variants import MODEL_CLASSES
-from aiayn.runtime.device import total_memory
+from aiayn.runtime.device import require_memory
 
 M = TypeVar("M", bound=_ModelBase)
 FORMAT = "aiayn-model"
@@ -189,19 +189,39 @@ def check_weights_header(path: Path, cfg: ModelConfig, extra: dict[str, Any]) ->
             raise mismatch("n_classes", n_classes, f"a classifier for {got} classes")
 
 
-def check_fits_in_memory(directory: Path) -> None:
+def check_position_table(cfg: ModelConfig, error: type[Exception] = CheckpointError) -> None:
+    """Refuse a config whose sinusoidal table cannot be computed in this machine's memory. No
+    weight's shape bounds the table (it is never saved), so a config's max_len alone sizes it:
+    one of 10^9 rows would be a 512 GB allocation."""
+    require_memory(
+        position_table_bytes(cfg),
+        torch.device("cpu"),
+        lambda need, have: (
+            f"a sinusoidal table of max_len={cfg.max_len:,} positions x d_model={cfg.d_model} "
+            f"needs {need:,.1f} GiB while it is computed, more than this machine's "
+            f"{have:,.1f} GiB: choose a smaller max_len"
+        ),
+        error,
+    )
+
+
+def check_fits_in_memory(directory: Path, cfg: ModelConfig) -> None:
     """Refuse, before anything is allocated, weights that loading cannot hold in this machine's
     memory: the model's parameters (the header check has matched them to the file) and the
-    file's tensors read beside them, twice the file. (The one size no weight bounds, a
-    sinusoidal table's `max_len`, is checked where the table is made: `sinusoidal_positions`.)"""
+    file's tensors read beside them, twice the file; and the one size no weight bounds, a
+    sinusoidal table's `max_len`."""
+    check_position_table(cfg)
     size = (directory / WEIGHTS_FILE).stat().st_size
-    have = total_memory(torch.device("cpu"))
-    if have is not None and 2 * size > have:
-        raise CheckpointError(
+    require_memory(
+        2 * size,
+        torch.device("cpu"),
+        lambda _, have: (
             f"{directory}: {WEIGHTS_FILE} holds {size / 2**30:,.1f} GiB, and loading holds it "
             f"twice (the model built from {CONFIG_FILE} and the file read beside it), more "
-            f"than this machine's {have / 2**30:,.1f} GiB"
-        )
+            f"than this machine's {have:,.1f} GiB"
+        ),
+        CheckpointError,
+    )
 
 
 @overload
@@ -230,7 +250,7 @@ def load_model_dir(
         raise CheckpointError(f"{directory}: unknown architecture {arch!r}")
     extra = meta.get("extra") or {}
     check_weights_header(directory / WEIGHTS_FILE, cfg, extra)  # before anything is allocated
-    check_fits_in_memory(directory)
+    check_fits_in_memory(directory, cfg)
     try:
         model = MODEL_CLASSES[arch](cfg, **extra)
     except (TypeError, ValueError) as e:

@@ -32,12 +32,12 @@ from aiayn.runtime.device import (
     Precision,
     check_threads,
     choose_precision,
+    require_memory,
     set_threads,
-    total_memory,
 )
 from aiayn.runtime.distributed import Dist, init_distributed, stop_on_signals
 from aiayn.runtime.progress import interactive
-from aiayn.store.model_dir import load_model_config, load_model_dir
+from aiayn.store.model_dir import check_position_table, load_model_config, load_model_dir
 from aiayn.store.run_dir import (
     TrainState,
     check_resumable,
@@ -195,17 +195,21 @@ TRAIN_BYTES_PER_PARAM = 16
 def check_model_fits(model_cfg: ModelConfig, device: torch.device, copies: int = 1) -> None:
     """Refuse a model whose parameters alone, `copies` times (CPU ranks share the machine's
     memory), need more than `device` has; sized on the meta device, so nothing is allocated."""
+    check_position_table(model_cfg, ConfigError)
     with torch.device("meta"):
         n = count_parameters(Transformer(model_cfg))
-    need, have = n * TRAIN_BYTES_PER_PARAM * copies, total_memory(device)
-    if have is not None and need > have:
-        per = f" x {copies} processes" if copies > 1 else ""
-        raise ConfigError(
+    per = f" x {copies} processes" if copies > 1 else ""
+    require_memory(
+        n * TRAIN_BYTES_PER_PARAM * copies,
+        device,
+        lambda need, have: (
             f"the model has {n:,} parameters: training holds at least {TRAIN_BYTES_PER_PARAM} "
-            f"bytes each{per} (weights, gradients, Adam's moments), {need / 2**30:,.1f} GiB, and "
-            f"{device.type} has {have / 2**30:,.1f} GiB; choose a smaller model "
+            f"bytes each{per} (weights, gradients, Adam's moments), {need:,.1f} GiB, and "
+            f"{device.type} has {have:,.1f} GiB; choose a smaller model "
             "(model.d_model, d_ff, n_layers) or train.vocab_size"
-        )
+        ),
+        ConfigError,
+    )
 
 
 def check_batch_fits(
@@ -221,9 +225,8 @@ def check_batch_fits(
     (d_model and d_ff a position), which its backward keeps, in each layer of both stacks.
     `max_tokens = 10^7` on a 24 GiB machine was an allocation failure, or the kernel's OOM
     killer, after the tokenizer and the data were ready."""
-    have = total_memory(precision.device)
     plan = batch_plan(train, tc.max_tokens, seed=tc.seed)
-    if have is None or not plan:
+    if not plan:
         return
     itemsize = 2 if precision.dtype == "bf16" else 4
 
@@ -237,16 +240,19 @@ def check_batch_fits(
     step, logits, tgt = max(held(b) for b in plan)
     with torch.device("meta"):
         params = count_parameters(Transformer(model_cfg))
-    need = (step + params * TRAIN_BYTES_PER_PARAM) * copies
-    if need > have:
-        raise ConfigError(
+    require_memory(
+        (step + params * TRAIN_BYTES_PER_PARAM) * copies,
+        precision.device,
+        lambda need, have: (
             f"train.max_tokens={tc.max_tokens:,} makes batches of up to {tgt:,} target "
             f"positions: their logits over {model_cfg.vocab_size:,} pieces and the gradient "
             f"hold {logits / 2**30:,.1f} GiB ({precision.dtype}), and a step at least "
-            f"{need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB "
+            f"{need:,.1f} GiB, more than the {have:,.1f} GiB "
             f"{precision.device.type} has; lower train.max_tokens (and raise "
             "train.accum_steps to keep the update's size)"
-        )
+        ),
+        ConfigError,
+    )
 
 
 def _prepare(
