@@ -692,7 +692,7 @@ def test_slot_cache_rows_keep_what_they_wrote(
     """Through any steps, joins and removals, every live row of a `SlotCache` view holds its own
     cross K/V and source mask and every key it wrote, from its own first column on; what it
     may not look at is finite (a mask weighs it by 0); `keep_order` keeps the rows' order."""
-    from aiayn.nn.kv_cache import SlotCache
+    from aiayn.search.slots import SlotCache
 
     wrote: dict[int, list[float]] = {}  # by row id: the keys it wrote, in order
     left: dict[int, int] = {}  # by row id: columns it may still write (its limit)

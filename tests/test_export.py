@@ -258,7 +258,7 @@ def test_onnx_logits_within_1e_4_of_aiayns(trained: dict[str, Path], onnx_export
         ours, theirs = model.encode(src_BS), graphs.encode(src_BS)
         assert torch.equal(theirs.keep_BS, ours.keep_BS)
         # at the real positions: padding is masked wherever memory is read (aiayn's CPU
-        # encoder leaves zeros there, Encoder.forward_packed; the graph, the padded forward's)
+        # encoder leaves zeros there, aiayn.nn.packed; the graph, the padded forward's)
         keep = ours.keep_BS
         torch.testing.assert_close(theirs.out_BSD[keep], ours.out_BSD[keep], rtol=0, atol=1e-4)
         cache_a, cache_b = model.init_cache(ours, 12), graphs.init_cache(theirs, 12)

@@ -20,6 +20,7 @@ from aiayn.nn.attention import (
     self_attention_unparameterised,
 )
 from aiayn.nn.model import AttentionMaps, DecoderLayer, EncoderLayer, Transformer, count_parameters
+from aiayn.nn.packed import skips_padding
 from aiayn.nn.tracing import tracing
 from aiayn.nn.variants import DecoderLM, EncoderClassifier
 
@@ -684,7 +685,7 @@ def test_padded_linear_is_linear():
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("activation", ["relu", "swish"])
 def test_encoding_skips_padding_with_the_same_bits(norm_first, activation, torch_threads):
-    """Inference on a CPU encodes a padded batch through `Encoder.forward_packed` (every
+    """Inference on a CPU encodes a padded batch through `aiayn.nn.packed.encode_packed` (every
     position-wise product on the real positions only): each real position gets the bits of the
     padded forward, and padding gets zeros; the glass box traces the padded forward."""
     cfg = ModelConfig(vocab_size=300, d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.0,
@@ -697,12 +698,12 @@ def test_encoding_skips_padding_with_the_same_bits(norm_first, activation, torch
         src[b, :n] = torch.randint(4, cfg.vocab_size, (n,))
     keep_BS = src != cfg.pad_id
     with torch.no_grad():
-        assert model._skips_padding(keep_BS)
+        assert skips_padding(model, keep_BS)
         packed = model.encode(src).out_BSD
         padded = model.encoder(model.src_embed(src), keep_BS[:, None, None, :])
         with tracing():
             traced = model.encode(src).out_BSD
-        assert not model._skips_padding(keep_BS[:1, :1])  # no padding: the padded path
+        assert not skips_padding(model, keep_BS[:1, :1])  # no padding: the padded path
     assert torch.equal(packed[keep_BS], padded[keep_BS])
     assert not packed[~keep_BS].any()
     # traced: the paper's explicit attention over the padded layout (other bits than the fused

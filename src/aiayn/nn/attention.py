@@ -169,22 +169,6 @@ class MultiHeadAttention(nn.Module):
             k_BHSK, v_BHSK = self.project_kv(mem_BSD)
         return self.attend(q_BHTK, k_BHSK, v_BHSK, keep_mask, causal=causal)
 
-    def self_attend_packed(self, x_ND: Tensor, at_N: Tensor, keep_B11S: Tensor) -> Tensor:
-        """Inference self-attention over the real positions of a padded batch only (the
-        encoder's `forward_packed`): x_ND holds them in row-major order, `at_N` their indices in
-        the flattened (B, S) layout. W^Q W^K W^V and W^O run on those rows; the heads attend in
-        the padded layout, as `forward` does, so a real position gets the same bits."""
-        B, S, D = keep_B11S.size(0), keep_B11S.size(-1), self.d_model
-        qkv_N3D = self.in_proj(x_ND)
-        # Padding gets zeros: a masked key must be finite (its weight 0 times its value), and
-        # what padded queries compute is dropped below.
-        qkv_BS3D = qkv_N3D.new_zeros(B * S, 3 * D).index_copy_(0, at_N, qkv_N3D).view(B, S, -1)
-        q_BSD, k_BSD, v_BSD = qkv_BS3D.split(D, dim=-1)
-        q_BHSK, k_BHSK, v_BHSK = map(self.split_heads, (q_BSD, k_BSD, v_BSD))
-        heads_BHSK = fused_attention(q_BHSK, k_BHSK, v_BHSK, keep_B11S)  # as `attend` calls it
-        concat_ND = heads_BHSK.transpose(1, 2).reshape(B * S, D).index_select(0, at_N)
-        return self.out_proj(concat_ND)
-
     def attend(
         self,
         q_BHTK: Tensor,

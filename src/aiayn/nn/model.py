@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.nn.attention import MultiHeadAttention
 from aiayn.nn.kv_cache import KVCache, Memory
+from aiayn.nn.packed import encode_packed, skips_padding
 from aiayn.nn.tracing import Trace, is_tracing, tap
 from aiayn.runtime.kernels import Activation, Linear
 
@@ -202,13 +203,6 @@ class EncoderLayer(_ResidualLayer):
         x_BSD = self.sublayer(x_BSD, 1, lambda h: self.self_attn(h, h, keep_B11S, causal=causal))
         return self.sublayer(x_BSD, 2, self.ffn)
 
-    def forward_packed(self, x_ND: Tensor, at_N: Tensor, keep_B11S: Tensor) -> Tensor:
-        """`forward` on the real positions only (`Encoder.forward_packed`): the residuals,
-        LayerNorms and FFN are position-wise, so they need no padding."""
-        attend = self.self_attn.self_attend_packed
-        x_ND = self.sublayer(x_ND, 1, lambda h: attend(h, at_N, keep_B11S))
-        return self.sublayer(x_ND, 2, self.ffn)
-
 
 class DecoderLayer(_ResidualLayer):
     """Masked self-attention -> cross-attention over the encoder output -> FFN (§3.1, Figure 1)."""
@@ -267,23 +261,6 @@ class Encoder(nn.Module):
             x_BSD = self.norm(x_BSD)
             tap(f"{self.trace_name}.norm", x_BSD)
         return x_BSD
-
-    def forward_packed(self, x_BSD: Tensor, keep_BS: Tensor) -> Tensor:
-        """`forward` (inference, no causal mask) with every position-wise product on the real
-        positions only; attention alone sees the padded layout. The same bits at every real
-        position (each product gives a row the bits it gets in any batch), zeros at padding.
-        A batch in arrival order, as the server admits it, is ~20-40% padding: its projections
-        and FFN were most of what that padding cost."""
-        B, S, D = x_BSD.shape
-        at_N = keep_BS.reshape(-1).nonzero().squeeze(1)  # the real positions, flattened
-        x_ND = x_BSD.reshape(B * S, D).index_select(0, at_N)
-        keep_B11S = keep_BS[:, None, None, :]
-        layer: EncoderLayer
-        for layer in self.layers:  # type: ignore[assignment]  # ModuleList items
-            x_ND = layer.forward_packed(x_ND, at_N, keep_B11S)
-        if self.norm is not None:
-            x_ND = self.norm(x_ND)
-        return x_ND.new_zeros(B * S, D).index_copy_(0, at_N, x_ND).view(B, S, D)
 
 
 class Decoder(nn.Module):
@@ -442,21 +419,9 @@ class Transformer(_ModelBase):
         self.check_ids(src_BS, "source")
         keep_BS = src_BS != self.cfg.pad_id
         x_BSD = self.src_embed(src_BS)
-        if self._skips_padding(keep_BS):
-            return Memory(self.encoder.forward_packed(x_BSD, keep_BS), keep_BS)
+        if skips_padding(self, keep_BS):  # inference on a CPU: the same bits, less work
+            return Memory(encode_packed(self.encoder, x_BSD, keep_BS), keep_BS)
         return Memory(self.encoder(x_BSD, keep_BS[:, None, None, :]), keep_BS)
-
-    def _skips_padding(self, keep_BS: Tensor) -> bool:
-        """Whether `encode` takes `Encoder.forward_packed`: inference on a CPU (on a GPU the
-        indices would cost a wait for the device, and padding costs little there), untraced
-        (the glass box records the paper's padded tensors), and only if there is padding."""
-        return (
-            not self.training
-            and not torch.is_grad_enabled()
-            and keep_BS.device.type == "cpu"
-            and not is_tracing()
-            and not bool(keep_BS.all())
-        )
 
     def decode(self, tgt_in_BT: Tensor, memory: Memory) -> Tensor:
         """Decoder + output layer over a whole target prefix: logits_BTV."""

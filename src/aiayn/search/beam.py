@@ -15,6 +15,7 @@ from torch import Tensor
 from aiayn.config import DecodeConfig
 from aiayn.search.rows import pad_cols
 from aiayn.search.settings import Hypothesis, check_decode_config, length_penalty
+from aiayn.search.slots import join_caches, join_memories
 from aiayn.search.step import Decodable, check_stop, encode_parts, forbid, output_limits
 from aiayn.search.views import BeamState, OnStep, TopK, beam_view, ending_candidates
 
@@ -91,8 +92,8 @@ class BeamSearch:
         rep_r = torch.arange(b, device=device).repeat_interleave(N)
         # Only the fresh cache's cross K/V are taken; copied per beam, not recomputed.
         fresh = self.model.init_cache(memory, 1).index_select(rep_r, cross=True)
-        self.cache = self.cache.join(fresh, T)
-        self.memory = self.memory.join(memory.mask_only().index_select(rep_r))
+        self.cache = join_caches(self.cache, fresh, T)
+        self.memory = join_memories(self.memory, memory.mask_only().index_select(rep_r))
         width = max(self.tokens_rT.size(1), T + 1)
         self.tokens_rT = torch.cat([
             pad_cols(self.tokens_rT, width, special.pad_id),

@@ -12,8 +12,9 @@ import torch
 from torch import Tensor
 
 from aiayn.config import DecodeConfig
-from aiayn.nn.kv_cache import Memory, SlotCache
+from aiayn.nn.kv_cache import Memory
 from aiayn.search.settings import Hypothesis, check_decode_config, length_penalty
+from aiayn.search.slots import SlotCache, join_memories
 from aiayn.search.step import Decodable, check_stop, forbid, output_limits
 from aiayn.search.views import OnStep, SingleRows, single_view
 
@@ -91,7 +92,7 @@ class RowSearch:
         T = int(limit_b.max())
         joining = memories
         if not self.use_cache:
-            self.memory = memories[0].join(*memories[1:])
+            self.memory = join_memories(*memories)
             joining = []
         elif self.live == 0:  # a fresh batch: the paper's search, every row at step 0
             self.slots = SlotCache.of(model.init_cache(memories[0], T), memories[0].keep_BS)

@@ -17,6 +17,7 @@ from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.nn.kv_cache import KVCache, Memory
 from aiayn.search.settings import max_output_lengths, output_cap
+from aiayn.search.slots import join_memories
 
 
 class Decodable(Protocol):
@@ -55,7 +56,7 @@ def encode_parts(model: Decodable, parts: Sequence[Tensor]) -> Memory:
     as a batch of its own: parts of similar lengths (`text.batches.padding_parts`) spare the
     encoder the padding one batch of them all would carry."""
     first, *rest = [model.encode(src_BS) for src_BS in parts]
-    return first.join(*rest) if rest else first
+    return join_memories(first, *rest) if rest else first
 
 
 def output_limits(model: Decodable, memory: Memory, cfg: DecodeConfig) -> Tensor:

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 # ~64 positions on an AMD EPYC Zen 4 and one part on a Zen 3 (AVX2); for d_model 256, ~16 on
 # the Zen 4 and anywhere in 16-63 on the Zen 3 (docs/benchmarks.md, "Admission parts measured
 # at start"). So the server measures the ratio on its own machine when it starts. Since the
-# encoder skips padding in its products on a CPU (`Encoder.forward_packed`), a padded position
+# encoder skips padding in its products on a CPU (`aiayn.nn.packed`), a padded position
 # costs only its share of attention and cross K/V, so groups of short sentences go in one part
 # and only long ones mixed with short ones are cut. On a GPU a pass of this size is
 # launch-bound, and more parts only cost launches: one part (not measured there).
@@ -58,7 +58,7 @@ def part_slack(translator: Translator, reps: int = 5) -> int:
     cost of an admission pass (encoder + cross K/V) over what a padded position costs, from the
     fastest of `reps` passes over a 1 x 4 and an 8 x 32 batch (the fixed cost), and an 8 x 32
     batch half padding against 8 x 16 (a padded position: on a CPU the encoder skips padding
-    in its products, `Encoder.forward_packed`, so only attention and cross K/V pay for it).
+    in its products, `aiayn.nn.packed`, so only attention and cross K/V pay for it).
     ~0.1-0.6 s on a CPU for the models of this project. Parts change no result, only the time
     they take."""
     if translator.device.type != "cpu":
