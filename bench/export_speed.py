@@ -46,8 +46,9 @@ from aiayn.runtime.memory import keep_freed_memory
 from aiayn.store.model_dir import load_model_dir
 from aiayn.text.batches import pad_rows
 from aiayn.text.tokenizer import Tokenizer
+from aiayn.translate.files import read_file_lines
 from aiayn.translate.metrics import bleu
-from aiayn.translate.translator import Translator, read_file_lines
+from aiayn.translate.translator import Translator
 
 sys.path.insert(0, str(Path(__file__).parent))
 

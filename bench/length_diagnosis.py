@@ -43,11 +43,12 @@ from torch import Tensor
 
 from aiayn.config import DecodeConfig
 from aiayn.search.beam import BeamSearch
-from aiayn.search.settings import Hypothesis, length_penalty
+from aiayn.search.hypothesis import Hypothesis, length_penalty
 from aiayn.search.views import TopK
 from aiayn.text.batches import Example, collate
+from aiayn.translate.files import read_file_lines
 from aiayn.translate.metrics import bleu
-from aiayn.translate.translator import Translator, read_file_lines
+from aiayn.translate.translator import Translator
 
 EOS_KEYS = ("p_eos_before_end", "eos_argmax_before_end", "p_eos_at_end")
 

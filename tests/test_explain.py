@@ -27,7 +27,8 @@ from aiayn.nn.model import Transformer
 from aiayn.search.decode import beam_search, greedy_decode
 from aiayn.store.model_dir import load_model_dir, save_model_dir
 from aiayn.text.tokenizer import Tokenizer
-from aiayn.translate.translator import Translator, one_line, translate_to
+from aiayn.translate.files import translate_to
+from aiayn.translate.translator import Translator, one_line
 
 WORDS = "the cat dog sees a small big red house tree runs walks on under street garden".split()  # noqa: SIM905
 SENTENCE = "the cat sees a red house"

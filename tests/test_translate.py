@@ -20,12 +20,13 @@ from aiayn.cli.main import main
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import DataError
 from aiayn.nn.model import Transformer
-from aiayn.search.settings import search_rows
+from aiayn.search.limits import search_rows
 from aiayn.store.model_dir import save_model_dir
+from aiayn.text.corpus import read_lines
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.translate.metrics import bleu, bleu_by_source_length, chrf, exact_match
 from aiayn.translate.significance import significance
-from aiayn.translate.translator import Translator, read_lines, token_budget_batches
+from aiayn.translate.translator import Translator, token_budget_batches
 
 WORDS = ["haus", "katze", "hund", "baum", "auto", "weg", "stadt", "fluss", "berg", "see", "wald"]
 
@@ -536,7 +537,7 @@ def test_cli_output_files_get_the_umask_or_keep_their_mode(model_dir: Path, tmp_
 
 
 def test_the_best_alpha_is_the_highest_bleu_then_chrf_then_the_first() -> None:
-    from aiayn.translate.translator import best_alpha_row
+    from aiayn.translate.evaluate import best_alpha_row
 
     assert best_alpha_row([{"bleu": 30.0, "chrf": 50.0}, {"bleu": 31.0, "chrf": 40.0}]) == 1
     # one-word targets: BLEU is 0 at every alpha, chrF still tells them apart

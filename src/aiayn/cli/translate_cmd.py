@@ -28,7 +28,7 @@ def add_translate(sub: argparse._SubParsersAction) -> None:
 def run_translate(args: argparse.Namespace) -> int:
 
     from aiayn.atomic import atomic_open_text, same_file
-    from aiayn.translate.translator import translate_to
+    from aiayn.translate.files import translate_to
 
     if args.output is not None:  # checked before the model loads
         # `--input a.txt --output a.txt` (or `< a.txt`) would replace the text with its
@@ -90,7 +90,7 @@ MAX_COMPARE = 10
 def parse_alphas(text: str) -> list[float]:
     """The distinct values of a comma list, in their order (a repeated α would translate the
     file again for the same row), checked before any run."""
-    from aiayn.search.settings import MAX_ALPHA
+    from aiayn.search.limits import MAX_ALPHA
 
     try:
         alphas = list(dict.fromkeys(float(a) for a in text.split(",") if a.strip()))
@@ -110,7 +110,7 @@ def parse_alphas(text: str) -> list[float]:
 
 def run_alpha_sweep(args: argparse.Namespace) -> int:
     """`evaluate --alphas`: a table (or JSON list) of BLEU and chrF per α, and the best one."""
-    from aiayn.translate.translator import SIGNIFICANCE_LEVEL, read_test_set, sweep_alpha
+    from aiayn.translate.evaluate import SIGNIFICANCE_LEVEL, read_test_set, sweep_alpha
 
     alphas = parse_alphas(args.alphas)  # checked before the model loads
     if args.alpha is not None or args.hyps is not None:
@@ -143,7 +143,7 @@ def run_alpha_sweep(args: argparse.Namespace) -> int:
 
 def sweep_advice(rows: list[dict[str, Any]], length_penalty: str) -> str:
     """The sweep's last line: what to do with its choice (sweep_alpha's rows)."""
-    from aiayn.translate.translator import best_alpha_row
+    from aiayn.translate.evaluate import best_alpha_row
 
     current = next(r for r in rows if r["current"])
     top = rows[best_alpha_row(rows)]  # the highest, whether or not it is chosen
@@ -167,7 +167,7 @@ def read_compared(args: argparse.Namespace, n: int) -> list[tuple[str, list[str]
     """The --compare files, read and checked (n lines, as --src) before the model loads."""
     from aiayn.atomic import same_file
     from aiayn.errors import DataError
-    from aiayn.translate.translator import read_file_lines
+    from aiayn.translate.files import read_file_lines
 
     if len(args.compare) > MAX_COMPARE:
         raise AiaynError(f"--compare is given {len(args.compare)} times; at most {MAX_COMPARE}")
@@ -203,8 +203,8 @@ def print_significance(result: dict[str, Any]) -> None:
 
 def run_evaluate(args: argparse.Namespace) -> int:
     from aiayn.atomic import atomic_write_text, same_file
+    from aiayn.translate.evaluate import evaluate_lines, read_test_set
     from aiayn.translate.significance import significance
-    from aiayn.translate.translator import evaluate_lines, read_test_set
 
     if args.alphas is not None:
         return run_alpha_sweep(args)

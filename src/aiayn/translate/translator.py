@@ -13,32 +13,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
 
 import torch
 
 from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, from_dict, read_run_config
-from aiayn.errors import CheckpointError, ConfigError, DataError
+from aiayn.errors import CheckpointError, DataError
 from aiayn.nn.model import Transformer
 from aiayn.runtime.device import Precision, choose_precision, resolve_device
-from aiayn.runtime.progress import progress as progress_bar
 from aiayn.search.decode import search
-from aiayn.search.settings import (
-    MAX_ROWS,
-    Hypothesis,
-    check_decode_config,
-    sample_seed,
-    search_rows,
-)
+from aiayn.search.hypothesis import Hypothesis
+from aiayn.search.limits import MAX_ROWS, check_decode_config, search_rows
+from aiayn.search.sampling import sample_seed
 from aiayn.store.model_dir import load_model_dir
 from aiayn.text.batches import cut_batches, pad_rows
-from aiayn.text.corpus import read_lines, source_text
+from aiayn.text.corpus import source_text
 from aiayn.text.tokenizer import Tokenizer
-from aiayn.translate.metrics import bleu, bleu_by_source_length, chrf, exact_match
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +45,6 @@ class Translation:
 
 
 # --- reading text ---------------------------------------------------------------------------------
-
-
-def read_file_lines(path: str | Path) -> list[str]:
-    """All lines of a UTF-8 text file (checked in full before any work starts)."""
-    path = Path(path)
-    with path.open("rb") as f:
-        return list(read_lines(f, str(path)))
 
 
 def one_line(text: str) -> str:
@@ -272,172 +257,3 @@ class Translator:
             limit - 1,
         )
         return self.tokenizer.cut(ids, limit)
-
-
-# --- files and streams, for `aiayn translate` and `aiayn evaluate` --------------------------------
-
-
-def translate_to(
-    translator: Translator,
-    cfg: DecodeConfig,
-    out: TextIO,
-    input_path: Path | None,
-    *,
-    batch_tokens: int = 2048,
-    buffer_size: int = 1024,
-) -> int:
-    """Translate a file (with a progress bar) or stdin (streamed) into `out`; return the count.
-
-    Writes one line per input line, or with `cfg.nbest > 1` the Moses n-best format
-    `LINE_NO ||| translation ||| score`, best first (one such line for an empty input line).
-    """
-    bar = None
-    if input_path is not None:
-        all_lines = read_file_lines(input_path)  # checked up front
-        lines: Sequence[str] | Iterator[str] = all_lines
-        bar = progress_bar(total=len(all_lines), unit="line", desc="translate")
-    else:
-        lines = read_lines(sys.stdin.buffer, "<stdin>")  # streamed: checked as it comes
-    stream = translator.translate_stream(
-        lines,
-        cfg,
-        batch_tokens=batch_tokens,
-        buffer_size=buffer_size,
-        progress=bar.update if bar is not None else None,
-    )
-    n = 0
-    try:
-        for n, results in enumerate(stream, 1):
-            if cfg.nbest > 1:
-                out.writelines(f"{n} ||| {r.text} ||| {r.hyp.score:.4f}\n" for r in results)
-            else:
-                out.write(results[0].text + "\n")
-            if input_path is None:
-                out.flush()  # a stream's reader sees each line as soon as it exists
-    finally:
-        if bar is not None:
-            bar.close()
-    return n
-
-
-def read_test_set(src_path: Path, ref_path: Path) -> tuple[list[str], list[str]]:
-    """The source lines and their references (`evaluate_lines`' input), as many of each."""
-    src, refs = read_file_lines(src_path), read_file_lines(ref_path)
-    if len(src) != len(refs):
-        raise DataError(f"{src_path} has {len(src)} lines but {ref_path} has {len(refs)}")
-    return src, refs
-
-
-def evaluate_lines(
-    translator: Translator,
-    cfg: DecodeConfig,
-    src: Sequence[str],
-    refs: Sequence[str],
-    *,
-    batch_tokens: int = 2048,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Translate `src` and score it against `refs`: BLEU, chrF (with signatures) and exact
-    match, as a JSON-ready dict that also holds the hypotheses."""
-    if len(src) != len(refs):
-        raise DataError(f"{len(src)} source lines but {len(refs)} references")
-    with progress_bar(total=len(src), unit="line", desc="evaluate", disable=not progress) as bar:
-        results = list(
-            translator.translate_stream(src, cfg, batch_tokens=batch_tokens, progress=bar.update)
-        )
-    hyps = [r[0].text for r in results]
-    corpus_bleu = bleu(hyps, refs)
-    return {
-        "bleu": corpus_bleu.to_dict(),
-        "length_ratio": corpus_bleu.length_ratio,  # hypothesis / reference length (BLEU tokens)
-        "brevity_penalty": corpus_bleu.brevity_penalty,
-        "by_source_length": bleu_by_source_length(src, hyps, refs),
-        "chrf": chrf(hyps, refs).to_dict(),
-        "exact_match": exact_match(hyps, refs),
-        "sentences": len(hyps),
-        "decode": dataclasses.asdict(cfg),
-        "hypotheses": hyps,
-    }
-
-
-# A sweep moves away from the model's own α only when the best α's outputs differ from its
-# outputs by more than chance: p below SIGNIFICANCE_LEVEL over the number of other αs tried
-# (Bonferroni: the best of three is a selection, and one of three chance differences would
-# pass a plain 0.05 test one time in seven). Run H of docs/benchmarks.md shows why: at the end
-# of its training α 2.0 beat the recipe's 0.6 by 0.55 BLEU on the first 300 validation
-# sentences (p = 0.037, against 0.05 / 3), by 0.16 on all 1,014 (p = 0.43), and lost 0.3 and 0.9
-# BLEU to it on the two test sets.
-SIGNIFICANCE_LEVEL = 0.05
-
-
-def sweep_alpha(
-    translator: Translator,
-    cfg: DecodeConfig,
-    src: Sequence[str],
-    refs: Sequence[str],
-    alphas: list[float],
-    *,
-    batch_tokens: int = 2048,
-    progress: bool = True,
-) -> list[dict[str, Any]]:
-    """Beam-search `src` once per length penalty α and score each against `refs`; `cfg.alpha`
-    (the model's own) is always one of them, first if it was not asked for.
-
-    Returns one row per α: alpha, BLEU, chrF, length ratio, brevity penalty, `current` (the
-    model's own α), `bleu_p_value` and `chrf_p_value` (paired approximate randomization of
-    its outputs against the current α's; None on that row) and `best` (see `best_alpha_row`:
-    the highest BLEU, if it differs from the current α's by more than chance). A larger α
-    favours longer outputs, so the length ratio shows why BLEU moves (§6.1 chose α = 0.6 on
-    the development set). `aiayn evaluate --alphas` and the end of an averaging run
-    (aiayn.training.finish) both use it.
-    """
-    from aiayn.translate.significance import significance
-
-    if cfg.beam_size < 2 or cfg.sample:
-        raise ConfigError("choosing alpha needs beam search: give --beam 2 or more, not --sample")
-    if cfg.alpha not in alphas:
-        alphas = [cfg.alpha, *alphas]
-    rows, outputs = [], []
-    for alpha in alphas:
-        result = evaluate_lines(
-            translator, dataclasses.replace(cfg, alpha=alpha), src, refs,
-            batch_tokens=batch_tokens, progress=progress,
-        )  # fmt: skip
-        outputs.append(result["hypotheses"])
-        rows.append({
-            "alpha": alpha,
-            "bleu": result["bleu"]["score"],
-            "chrf": result["chrf"]["score"],
-            "length_ratio": result["length_ratio"],
-            "brevity_penalty": result["brevity_penalty"],
-            "current": alpha == cfg.alpha,
-        })  # fmt: skip
-    keep = alphas.index(cfg.alpha)
-    others = [(str(i), lines) for i, lines in enumerate(outputs) if i != keep]
-    tested = iter(significance(outputs[keep], refs, others)["systems"][1:])
-    for i, row in enumerate(rows):
-        system = None if i == keep else next(tested)
-        row["bleu_p_value"] = None if system is None else system["bleu"]["p_value"]
-        row["chrf_p_value"] = None if system is None else system["chrf"]["p_value"]
-    best = best_alpha_row(rows, keep)
-    for i, row in enumerate(rows):
-        row["best"] = i == best
-    return rows
-
-
-def best_alpha_row(rows: Sequence[dict[str, Any]], keep: int | None = None) -> int:
-    """The index of the best α's row: the highest BLEU, equal BLEUs decided by chrF (one-word
-    targets, as in the quick start's numbers, give every α a BLEU of 0, and chrF still tells
-    them apart), then the first. With `keep` (the model's own α's row, which each row's
-    p-values compare with), that row stays best unless the highest differs from it by more
-    than chance: p below SIGNIFICANCE_LEVEL / (rows - 1) for the metric that ranked them."""
-
-    def rank(i: int) -> tuple[float, float]:
-        return rows[i]["bleu"], rows[i]["chrf"]
-
-    best = max(range(len(rows)), key=rank)
-    if keep is None or rank(best) == rank(keep):  # a tie is no reason to move
-        return best if keep is None else keep
-    metric = "chrf" if rows[best]["bleu"] == rows[keep]["bleu"] else "bleu"
-    level = SIGNIFICANCE_LEVEL / (len(rows) - 1)
-    return best if rows[best][f"{metric}_p_value"] < level else keep
