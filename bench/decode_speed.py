@@ -15,7 +15,7 @@ tokens per wall-clock second, and on CPU also per CPU-second of this process
     python bench/decode_speed.py --device cuda [--size paper_base] [--reps 10]
 
 CPU: fp32, threads default to 1 (on the shared 2-core machine the figures in
-docs/benchmarks.md come from, two OpenMP threads per process lose badly to the other
+docs/lab/decoding.md come from, two OpenMP threads per process lose badly to the other
 processes' load, both sides). CUDA: both sides run under bf16 autocast, with
 `torch.cuda.synchronize()` around every timed run and `--warmup` untimed runs first; MFU is
 reported against the device's dense bf16 peak (bench/device_info.py). It counts 2 FLOPs per

@@ -26,8 +26,9 @@
 #
 # MINUTES counts each run's whole training time across calls (`aiayn train` saves it), so a
 # call with a larger MINUTES goes on where the last stopped (runs/ stays on a warm machine).
-# On an H100 one such run made ~14 updates/s alone and 15-25 beside others (docs/benchmarks.md,
-# "The published batch on a GPU"): 8,000 updates take ~6-9 minutes, more than one call leaves.
+# On an H100 one such run made ~14 updates/s alone and 15-25 beside others
+# (docs/lab/translation_quality.md, "The published batch on a GPU"): 8,000 updates take ~6-9
+# minutes, more than one call leaves.
 # Logs, scores, JSON and the cuda tests' output are copied to $OUT. PY_VERSION (prepare) and
 # DEVICE (multi30k, serving) are for trying both halves on a CPU machine with another Python.
 set -u

@@ -12,8 +12,8 @@
 #         `word` vocabulary of its pieces, scored with the sources segmented and "@@ " undone
 # (RUNS picks them: "E F H" by default; RUNS="H I" MINUTES=0 is the published recipe's whole
 # 8,000 updates twice), then each run's last 10 checkpoints averaged and scored greedy / beam 5
-# on test2016/2017. docs/benchmarks.md, "The published batch on a GPU", has the figures of one
-# H100.
+# on test2016/2017. docs/lab/translation_quality.md, "The published batch on a GPU", has the
+# figures of one H100; docs/performance.md the current ones.
 #
 #   bash bench/multi30k_published_batch.sh [DATA] [OUT]    # MINUTES=5.5 DEVICE=cuda by default
 #   EXTRA="--set train.compile=true" bash bench/multi30k_published_batch.sh   # options for all

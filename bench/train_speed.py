@@ -17,7 +17,7 @@ tokens and padding are not counted. The peak is the device's dense bf16 figure f
 keyed by `torch.cuda.get_device_name()` (bench/device_info.py); unknown devices get null.
 `--compile` wraps both models in `torch.compile` (compiled during the warm-up steps).
 
-Known differences (see docs/benchmarks.md): nn.Transformer applies its dropout also to the
+Known differences (see docs/lab/training.md): nn.Transformer applies its dropout also to the
 attention weights and inside the FFN (after the ReLU) and adds a final LayerNorm to each
 stack; the paper and aiayn's defaults (attn_dropout = 0) use dropout on the sub-layer outputs
 and the embedding sums only.
