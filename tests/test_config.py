@@ -7,7 +7,7 @@ import pytest
 
 from aiayn.config import Config, ModelConfig, apply_overrides, builtin_configs, load_config
 from aiayn.errors import ConfigError
-from aiayn.search.settings import check_decode_config
+from aiayn.search.limits import check_decode_config
 from aiayn.training.train import check_recipe
 
 

@@ -21,14 +21,9 @@ from aiayn.errors import ConfigError
 from aiayn.nn.kv_cache import KVCache, Memory
 from aiayn.nn.model import Transformer
 from aiayn.search.decode import beam_search, greedy_decode, greedy_search, sample_search, search
-from aiayn.search.settings import (
-    Hypothesis,
-    length_penalty,
-    max_output_lengths,
-    sample_seed,
-    top_k_filter,
-    top_p_filter,
-)
+from aiayn.search.hypothesis import Hypothesis, length_penalty
+from aiayn.search.limits import max_output_lengths
+from aiayn.search.sampling import sample_seed, top_k_filter, top_p_filter
 from aiayn.search.views import StepView
 from aiayn.text.batches import padding_parts
 

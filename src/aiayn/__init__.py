@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editor
     from aiayn.nn.tracing import Trace, tracing
     from aiayn.nn.variants import DecoderLM, EncoderClassifier
     from aiayn.search.decode import beam_search, greedy_search, sample_search, search
-    from aiayn.search.settings import Hypothesis
+    from aiayn.search.hypothesis import Hypothesis
     from aiayn.store.model_dir import load_model_dir, save_model_dir
     from aiayn.text.tokenizer import Tokenizer
     from aiayn.training.train import train
@@ -47,7 +47,7 @@ _LAZY = {
     "DecoderLM": "aiayn.nn.variants",
     "EncoderClassifier": "aiayn.nn.variants",
     "Tokenizer": "aiayn.text.tokenizer",
-    "Hypothesis": "aiayn.search.settings",
+    "Hypothesis": "aiayn.search.hypothesis",
     "search": "aiayn.search.decode",
     "greedy_search": "aiayn.search.decode",
     "beam_search": "aiayn.search.decode",

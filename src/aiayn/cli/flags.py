@@ -99,7 +99,7 @@ def decode_setup(args: argparse.Namespace) -> tuple[Translator, DecodeConfig]:
     from aiayn.interop.engines import exported_decode_config, load_translator
     from aiayn.interop.export_dir import is_export_dir
     from aiayn.runtime.device import set_threads
-    from aiayn.search.settings import check_decode_config
+    from aiayn.search.limits import check_decode_config
     from aiayn.translate.translator import Translator, saved_decode_config
 
     given = given_search_settings(args, SEARCH_FLAGS)

@@ -38,7 +38,8 @@ from aiayn.glassbox.explanation import (
 from aiayn.nn.model import Transformer
 from aiayn.nn.tracing import Trace, TraceTooLargeError, tracing
 from aiayn.search.decode import beam_search, greedy_search, sample_search
-from aiayn.search.settings import max_output_lengths, output_cap, sample_seed
+from aiayn.search.limits import max_output_lengths, output_cap
+from aiayn.search.sampling import sample_seed
 from aiayn.search.views import OnStep, StepView
 from aiayn.text.corpus import source_text
 from aiayn.text.tokenizer import Tokenizer

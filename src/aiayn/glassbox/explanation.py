@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from aiayn.search.settings import Hypothesis
+from aiayn.search.hypothesis import Hypothesis
 
 # One line per leaf name: what the tensor is, in the paper's terms.
 DESCRIPTIONS: dict[str, str] = {

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from aiayn.glassbox.explanation import BeamTrace, Explanation
-from aiayn.search.settings import LENGTH_PENALTY_FORMULAS
+from aiayn.search.hypothesis import LENGTH_PENALTY_FORMULAS
 
 CELL = 14  # pixels per vector element
 LABEL = 300  # pixels for a strip's label

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from aiayn.errors import AiaynError
 from aiayn.glassbox.explanation import NAME_RE, BeamTrace, Entry, Explanation
-from aiayn.search.settings import LENGTH_PENALTY_FORMULAS
+from aiayn.search.hypothesis import LENGTH_PENALTY_FORMULAS
 
 if TYPE_CHECKING:
     pass

@@ -16,7 +16,7 @@ from aiayn.glassbox.render import View, to_json_text, to_text
 from aiayn.glassbox.render_html import to_html
 from aiayn.nn.model import Transformer
 from aiayn.runtime.device import resolve_device
-from aiayn.search.settings import check_decode_config
+from aiayn.search.limits import check_decode_config
 from aiayn.store.model_dir import load_model_dir
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.translate.translator import saved_decode_config

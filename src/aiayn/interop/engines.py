@@ -35,13 +35,8 @@ from aiayn.errors import CheckpointError, ConfigError
 from aiayn.interop.export_ct2 import import_ctranslate2, vocabulary
 from aiayn.interop.export_dir import export_decode_config, export_model_config, read_export_meta
 from aiayn.interop.export_onnx import OnnxModel
-from aiayn.search.settings import (
-    Hypothesis,
-    check_decode_config,
-    length_penalty,
-    max_output_lengths,
-    output_cap,
-)
+from aiayn.search.hypothesis import Hypothesis, length_penalty
+from aiayn.search.limits import check_decode_config, max_output_lengths, output_cap
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.translate.translator import Translator
 

@@ -33,7 +33,7 @@ from aiayn.atomic import atomic_dir, atomic_write_json, check_new_dir, read_json
 from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, ModelConfig, to_dict
 from aiayn.errors import CheckpointError
 from aiayn.nn.model import Transformer, sinusoidal_positions
-from aiayn.search.settings import MAX_ALPHA
+from aiayn.search.limits import MAX_ALPHA
 from aiayn.store.model_dir import check_position_table, check_state_dict, save_model_dir
 from aiayn.text.tokenizer import MARIAN_FILES, MarianTokenizer, check_marian_vocab
 

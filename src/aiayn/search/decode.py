@@ -45,15 +45,10 @@ from torch import Tensor
 
 from aiayn.config import DecodeConfig
 from aiayn.search.beam import BeamSearch, run_whole
+from aiayn.search.hypothesis import Hypothesis
+from aiayn.search.limits import check_decode_config
 from aiayn.search.rows import Pick, RowSearch, pick_best
-from aiayn.search.settings import (
-    Hypothesis,
-    check_decode_config,
-    inverse_cdf_sample,
-    sample_seed,
-    top_k_filter,
-    top_p_filter,
-)
+from aiayn.search.sampling import inverse_cdf_sample, sample_seed, top_k_filter, top_p_filter
 from aiayn.search.step import Decodable, inference
 from aiayn.search.views import OnStep
 

@@ -13,7 +13,8 @@ from torch import Tensor
 
 from aiayn.config import DecodeConfig
 from aiayn.nn.kv_cache import Memory
-from aiayn.search.settings import Hypothesis, check_decode_config, length_penalty
+from aiayn.search.hypothesis import Hypothesis, length_penalty
+from aiayn.search.limits import check_decode_config
 from aiayn.search.slots import SlotCache, join_memories
 from aiayn.search.step import Decodable, check_stop, forbid, output_limits
 from aiayn.search.views import OnStep, SingleRows, single_view

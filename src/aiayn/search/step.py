@@ -16,7 +16,7 @@ from torch import Tensor
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.nn.kv_cache import KVCache, Memory
-from aiayn.search.settings import max_output_lengths, output_cap
+from aiayn.search.limits import max_output_lengths, output_cap
 from aiayn.search.slots import join_memories
 
 

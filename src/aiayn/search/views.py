@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from aiayn.config import DecodeConfig
-from aiayn.search.settings import Hypothesis, length_penalty
+from aiayn.search.hypothesis import Hypothesis, length_penalty
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ went away (`Job.cancel()`), its deadline passed, or the batcher is aborting. Tho
 remaining chunks are skipped.
 
 Sampling jobs are never merged with others: a sampled sentence's random stream is seeded by its
-line number within its request (`aiayn.search.settings.sample_seed`), so a request draws what `aiayn
+line number within its request (`aiayn.search.sampling.sample_seed`), so a request draws what `aiayn
 translate` draws for the same lines. Other work for the model (an explanation) runs on the
 same thread as a `call` job, in its own turn.
 
@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from aiayn.config import DecodeConfig
-from aiayn.search.settings import max_output_lengths, output_cap
+from aiayn.search.limits import max_output_lengths, output_cap
 from aiayn.search.step import SearchStoppedError, stop_when
 from aiayn.serve.jobs import BatchStats, ClosedError, Job, QueueFullError, batch_stats, drop, settle
 from aiayn.serve.streams import Streams

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from aiayn.config import read_run_config
-from aiayn.search.settings import MAX_ALPHA
+from aiayn.search.limits import MAX_ALPHA
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from aiayn.glassbox.render import View, to_json
 from aiayn.glassbox.report import trace_sentence, trace_settings
 from aiayn.interop.export_dir import export_engine, export_source
 from aiayn.nn.tracing import TraceTooLargeError
-from aiayn.search.settings import MAX_ROWS, search_rows
+from aiayn.search.limits import MAX_ROWS, search_rows
 from aiayn.serve.batcher import Batcher
 from aiayn.serve.guard import Metrics, allowed_hosts, media_type
 from aiayn.serve.jobs import ClosedError, ExpiredError, Job, QueueFullError

@@ -29,8 +29,9 @@ import torch
 
 from aiayn.config import DecodeConfig
 from aiayn.search.beam import BeamSearch
+from aiayn.search.hypothesis import Hypothesis
+from aiayn.search.limits import max_output_lengths, output_cap
 from aiayn.search.rows import RowSearch
-from aiayn.search.settings import Hypothesis, max_output_lengths, output_cap
 from aiayn.search.step import inference
 from aiayn.serve.jobs import BatchStats, Job, batch_stats, drop, settle
 from aiayn.text.batches import padding_parts
