@@ -1,6 +1,6 @@
 """Multi30k de->en with a small CPU config: tokens/s, seconds per epoch, validation ppl per epoch.
 
-Runs `aiayn.training.train.train` (the real training loop: SentencePiece on the training text,
+Runs `aiayn.training.loop.train` (the real training loop: SentencePiece on the training text,
 token-budget batches, label smoothing, Adam + noam) on `../shared/data/multi30k/raw` for a few
 epochs into a temporary directory and summarises its metrics log, so that the real-data work
 can plan its budget.
@@ -27,7 +27,7 @@ import torch
 
 from aiayn.config import load_config
 from aiayn.runtime.memory import keep_freed_memory
-from aiayn.training.train import train
+from aiayn.training.loop import train
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = (ROOT / ".." / "shared" / "data" / "multi30k" / "raw").resolve()

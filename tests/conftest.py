@@ -67,7 +67,7 @@ def served_model_dir(tmp_path_factory):
 
     from aiayn.cli.quickstart import quickstart_config
     from aiayn.text.synthetic import write_corpus
-    from aiayn.training.train import train
+    from aiayn.training.loop import train
 
     out = tmp_path_factory.mktemp("served")
     data = out / "data"

@@ -8,7 +8,7 @@ import pytest
 from aiayn.config import Config, ModelConfig, apply_overrides, builtin_configs, load_config
 from aiayn.errors import ConfigError
 from aiayn.search.limits import check_decode_config
-from aiayn.training.train import check_recipe
+from aiayn.training.checks import check_recipe
 
 
 def test_presets_and_frozen():

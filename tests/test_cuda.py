@@ -23,7 +23,7 @@ from aiayn.cli.main import main
 from aiayn.nn.model import Transformer
 from aiayn.store.checkpoints import list_checkpoints
 from aiayn.store.model_dir import load_tensors
-from aiayn.training.train import train
+from aiayn.training.loop import train
 
 pytestmark = pytest.mark.cuda
 TOL = dict(rtol=1e-5, atol=1e-5)

@@ -25,7 +25,7 @@ from aiayn.runtime.device import (
     usable_cpus,
 )
 from aiayn.runtime.distributed import Dist, all_sum, reduce_tensor
-from aiayn.training.train import train
+from aiayn.training.loop import train
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 CPU = torch.device("cpu")

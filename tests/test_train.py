@@ -31,7 +31,7 @@ from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.run import LOG_POINTS, log_interval
 from aiayn.training.schedule import BudgetPlan, cosine_lr, inverse_sqrt_lr, learning_rate, noam_lr
-from aiayn.training.train import train
+from aiayn.training.loop import train
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -167,7 +167,7 @@ def test_the_data_check_and_encoding_of_a_run_have_bars_only_where_training_has_
     """Training's own data check and the encoding are passes over the corpus (minutes for a
     large one): on a terminal each shows a bar; with --no-progress, or in a log, none."""
     import aiayn.runtime.progress as progress
-    import aiayn.training.train as training
+    import aiayn.training.setup as training
 
     monkeypatch.setattr(progress, "interactive", lambda: True)  # a terminal, as far as the bar
     monkeypatch.setattr(training, "interactive", lambda: True)  # and training can tell
@@ -189,7 +189,7 @@ def test_the_data_check_and_encoding_of_a_run_have_bars_only_where_training_has_
 
 def test_copy_task_learns_and_writes_a_model_directory(corpus, tmp_path, caplog):
     out = tmp_path / "run"
-    with caplog.at_level(logging.INFO, logger="aiayn.training.train"):
+    with caplog.at_level(logging.INFO, logger="aiayn.training.setup"):
         result = train(
             tiny(
                 corpus,
@@ -269,14 +269,14 @@ def test_train_runs_the_data_check_and_says_what_it_found(corpus, tok, tmp_path,
         {"valid": (corpus["train.valid_src"], corpus["train.valid_tgt"])},
     )
     assert expected.counts["copies"] == 400 and expected.counts["overlap"] == 40
-    with caplog.at_level(logging.INFO, logger="aiayn.training.train"):
+    with caplog.at_level(logging.INFO, logger="aiayn.training.setup"):
         train(tiny(corpus, tmp_path / "run", **{"train.max_steps": 2}), tokenizer=tok,
               progress=False)  # fmt: skip
     found = [r.getMessage() for r in caplog.records if "data check" in r.getMessage()]
     assert len(found) == 1 and found[0].startswith(f"data check: {expected.summary()} (")
     assert "aiayn data check --src" in found[0]
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="aiayn.training.train"):
+    with caplog.at_level(logging.INFO, logger="aiayn.training.setup"):
         train(tiny(corpus, tmp_path / "run", **{"train.max_steps": 3}), progress=False)
     assert not [r for r in caplog.records if "data check" in r.getMessage()]
 
@@ -1206,7 +1206,7 @@ def test_out_of_range_training_values_are_one_line_config_errors(field, value):
     """Each trained on before: lr=inf to a NaN loss, max_minutes=-1 without end, NaN minutes
     to a traceback. Refused before anything is written (check_recipe runs first)."""
     from aiayn.errors import ConfigError
-    from aiayn.training.train import check_recipe
+    from aiayn.training.checks import check_recipe
 
     with pytest.raises(ConfigError, match=f"train.*{field}") as e:
         check_recipe(dataclasses.replace(TrainConfig(), **{field: value}))
@@ -1220,7 +1220,7 @@ def test_a_batch_whose_logits_cannot_fit_is_refused_but_a_small_corpus_is_not():
     from aiayn.errors import ConfigError
     from aiayn.runtime.device import choose_precision, total_memory
     from aiayn.text.batches import Example
-    from aiayn.training.train import check_batch_fits
+    from aiayn.training.checks import check_batch_fits
 
     cpu = torch.device("cpu")
     fp32 = choose_precision("fp32", cpu)
@@ -1240,7 +1240,7 @@ def test_a_batch_whose_logits_cannot_fit_is_refused_but_a_small_corpus_is_not():
 
 def test_noam_needs_a_warmup_and_threads_are_checked_before_they_are_set():
     from aiayn.errors import ConfigError
-    from aiayn.training.train import check_recipe
+    from aiayn.training.checks import check_recipe
 
     with pytest.raises(ConfigError, match="warmup_steps=0"):  # noam divides by it
         check_recipe(TrainConfig(lr_schedule="noam", warmup_steps=0))
@@ -1251,13 +1251,13 @@ def test_noam_needs_a_warmup_and_threads_are_checked_before_they_are_set():
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
 def test_every_shipped_config_is_a_valid_recipe(path):
-    from aiayn.training.train import check_recipe
+    from aiayn.training.checks import check_recipe
 
     check_recipe(load_config(path).train)
 
 
 def test_own_data_config_is_a_valid_budget_recipe():
-    from aiayn.training.train import check_recipe
+    from aiayn.training.checks import check_recipe
 
     cfg = load_config(CONFIGS / "own_data.toml")
     tc = cfg.train

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editor
     from aiayn.search.hypothesis import Hypothesis
     from aiayn.store.model_dir import load_model_dir, save_model_dir
     from aiayn.text.tokenizer import Tokenizer
-    from aiayn.training.train import train
+    from aiayn.training.loop import train
     from aiayn.translate.translator import Translator
 
 __version__ = "0.1.0"
@@ -55,7 +55,7 @@ _LAZY = {
     "load_model_dir": "aiayn.store.model_dir",
     "save_model_dir": "aiayn.store.model_dir",
     "Translator": "aiayn.translate.translator",
-    "train": "aiayn.training.train",
+    "train": "aiayn.training.loop",
     "explain": "aiayn.glassbox.explain",
     "trace_beam": "aiayn.glassbox.explain",
     "Explanation": "aiayn.glassbox.explanation",

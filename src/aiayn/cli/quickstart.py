@@ -95,7 +95,7 @@ def run_quickstart(
     from aiayn.store.checkpoints import checkpoint_step
     from aiayn.store.run_dir import find_resume
     from aiayn.text.synthetic import write_corpus
-    from aiayn.training.train import train
+    from aiayn.training.loop import train
     from aiayn.translate.translator import Translator
 
     resolve_device(device)  # a device that is not here fails before anything is written

@@ -43,7 +43,7 @@ def run_train(args: argparse.Namespace) -> int:
     import logging
 
     from aiayn.config import load_config
-    from aiayn.training.train import train
+    from aiayn.training.loop import train
 
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(

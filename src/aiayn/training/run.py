@@ -1,5 +1,5 @@
 """The mutable state of one training run (`Run`): counters, logging, validation, saving and
-the stopping rules, so that the loop in aiayn.training.train reads top to bottom.
+the stopping rules, so that the loop in aiayn.training.loop reads top to bottom.
 """
 
 from __future__ import annotations

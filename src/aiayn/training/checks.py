@@ -1,0 +1,136 @@
+"""A run's recipe and its memory, checked before anything is written (`aiayn train` says
+what cannot work in one line, not as a traceback an hour in):
+
+    check_recipe      every TrainConfig value, and combinations of them, that cannot work
+    check_model_fits  the parameters alone (weights, gradients, Adam's moments) vs the device
+    check_batch_fits  the largest batch of the plan (its logits, its FFN inputs) on top
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from aiayn.config import ModelConfig, TrainConfig
+from aiayn.errors import ConfigError
+from aiayn.nn.model import Transformer, count_parameters
+from aiayn.runtime.device import Precision, check_threads, require_memory
+from aiayn.store.model_dir import check_position_table
+from aiayn.text.batches import Example, batch_plan
+
+
+def check_recipe(tc: TrainConfig) -> None:
+    """Refuse TrainConfig values, and combinations of them, that cannot work, before anything
+    is written. Every range is written so that NaN fails it (its comparisons are false)."""
+    inf = math.inf
+    ranges = [  # a value out of its range trained silently (lr=inf: NaN loss for an hour)
+        (tc.vocab_size >= 1 and tc.max_len >= 1, "vocab_size and max_len must be at least 1"),
+        (0 <= tc.label_smoothing < 1, f"label_smoothing={tc.label_smoothing} must be in [0, 1)"),
+        (0 <= tc.lr < inf, f"lr={tc.lr} must be a number >= 0"),  # 0: frozen (tests use it)
+        (tc.warmup_steps >= (1 if tc.lr_schedule == "noam" else 0),  # noam divides by it
+         f"warmup_steps={tc.warmup_steps} must be >= 0 (noam: >= 1)"),
+        (all(0 <= b < 1 for b in tc.adam_betas), f"adam_betas={tc.adam_betas} must be in [0, 1)"),
+        (all(0 <= x < inf for x in (tc.adam_eps, tc.weight_decay, tc.clip_norm)),
+         "adam_eps, weight_decay and clip_norm must be numbers >= 0"),
+        (tc.max_steps >= 1, f"max_steps={tc.max_steps} must be at least 1"),
+        (0 <= tc.max_minutes < inf, f"max_minutes={tc.max_minutes} must be >= 0 (0 = no limit)"),
+        (min(tc.max_epochs, tc.valid_every, tc.save_every, tc.patience, tc.bleu_samples,
+             tc.keep_last, tc.average_last) >= 0,
+         "max_epochs, valid_every, save_every, patience, bleu_samples, keep_last and "
+         "average_last must be >= 0"),
+        (tc.log_every >= 1, f"log_every={tc.log_every} must be at least 1"),
+    ]  # fmt: skip
+    for ok, message in ranges:
+        if not ok:
+            raise ConfigError(f"train.{message}")
+    check_threads(tc.threads, "train.threads")  # the bound set_threads applies
+    if tc.accum_steps < 1 or tc.max_tokens < 1:
+        raise ConfigError("train.accum_steps and train.max_tokens must be at least 1")
+    if tc.best_metric == "bleu" and tc.bleu_samples < 1:
+        raise ConfigError("train.best_metric = 'bleu' needs train.bleu_samples >= 1")
+    if not 0.0 < tc.budget_decay <= 1.0:
+        raise ConfigError(f"train.budget_decay={tc.budget_decay} must be in (0, 1]")
+    if not 0.0 <= tc.subword_alpha < 1.0:
+        raise ConfigError(f"train.subword_alpha={tc.subword_alpha} must be in [0, 1)")
+    if tc.subword_alpha and tc.spm_model_type == "word":
+        raise ConfigError("train.subword_alpha samples segmentations; a 'word' vocabulary "
+                          "(train.spm_model_type) keeps the text's own")  # fmt: skip
+    if tc.average_last == 0:
+        return
+    if tc.average_last < 2:
+        raise ConfigError(f"train.average_last={tc.average_last}: average at least 2 (0 = off)")
+    if tc.average_last > tc.keep_last:
+        raise ConfigError(
+            f"train.average_last={tc.average_last} exceeds train.keep_last={tc.keep_last}: "
+            "the averaged checkpoints must all be kept"
+        )
+
+
+# What training holds per parameter at the least: fp32 weights, gradients and Adam's two
+# moments (activations come on top). A model past the device's memory by this count alone
+# cannot train: say so before anything is written (it was torch's allocation traceback).
+TRAIN_BYTES_PER_PARAM = 16
+
+
+def check_model_fits(model_cfg: ModelConfig, device: torch.device, copies: int = 1) -> None:
+    """Refuse a model whose parameters alone, `copies` times (CPU ranks share the machine's
+    memory), need more than `device` has; sized on the meta device, so nothing is allocated."""
+    check_position_table(model_cfg, ConfigError)
+    with torch.device("meta"):
+        n = count_parameters(Transformer(model_cfg))
+    per = f" x {copies} processes" if copies > 1 else ""
+    require_memory(
+        n * TRAIN_BYTES_PER_PARAM * copies,
+        device,
+        lambda need, have: (
+            f"the model has {n:,} parameters: training holds at least {TRAIN_BYTES_PER_PARAM} "
+            f"bytes each{per} (weights, gradients, Adam's moments), {need:,.1f} GiB, and "
+            f"{device.type} has {have:,.1f} GiB; choose a smaller model "
+            "(model.d_model, d_ff, n_layers) or train.vocab_size"
+        ),
+        ConfigError,
+    )
+
+
+def check_batch_fits(
+    model_cfg: ModelConfig,
+    train: list[Example],
+    tc: TrainConfig,
+    precision: Precision,
+    copies: int = 1,
+) -> None:
+    """Refuse a `train.max_tokens` whose largest batch cannot fit. A lower bound of a step's
+    memory, each part certainly held at once: the parameters' TRAIN_BYTES_PER_PARAM; the
+    logits (target positions x vocabulary) and their gradient; and every FFN's two inputs
+    (d_model and d_ff a position), which its backward keeps, in each layer of both stacks.
+    `max_tokens = 10^7` on a 24 GiB machine was an allocation failure, or the kernel's OOM
+    killer, after the tokenizer and the data were ready."""
+    plan = batch_plan(train, tc.max_tokens, seed=tc.seed)
+    if not plan:
+        return
+    itemsize = 2 if precision.dtype == "bf16" else 4
+
+    def held(batch: list[int]) -> tuple[int, int, int]:  # (bytes, logits' bytes, target positions)
+        tgt = len(batch) * max(train[i].tgt_positions for i in batch)
+        src = len(batch) * max(len(train[i].src) for i in batch)
+        logits = tgt * model_cfg.vocab_size * itemsize * 2  # the logits and their gradient
+        ffn = model_cfg.n_layers * (src + tgt) * (model_cfg.d_model + model_cfg.d_ff) * itemsize
+        return logits + ffn, logits, tgt
+
+    step, logits, tgt = max(held(b) for b in plan)
+    with torch.device("meta"):
+        params = count_parameters(Transformer(model_cfg))
+    require_memory(
+        (step + params * TRAIN_BYTES_PER_PARAM) * copies,
+        precision.device,
+        lambda need, have: (
+            f"train.max_tokens={tc.max_tokens:,} makes batches of up to {tgt:,} target "
+            f"positions: their logits over {model_cfg.vocab_size:,} pieces and the gradient "
+            f"hold {logits / 2**30:,.1f} GiB ({precision.dtype}), and a step at least "
+            f"{need:,.1f} GiB, more than the {have:,.1f} GiB "
+            f"{precision.device.type} has; lower train.max_tokens (and raise "
+            "train.accum_steps to keep the update's size)"
+        ),
+        ConfigError,
+    )
