@@ -43,7 +43,7 @@ from serve_load import cpu_name, make_requests
 from aiayn.config import DecodeConfig
 from aiayn.runtime.memory import keep_freed_memory
 from aiayn.search.beam import BeamSearch
-from aiayn.search.rows import RowSearch
+from aiayn.search.row_search import RowSearch
 from aiayn.search.step import inference
 from aiayn.serve.jobs import Job
 from aiayn.serve.streams import Streams, part_slack

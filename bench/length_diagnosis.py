@@ -43,8 +43,8 @@ from torch import Tensor
 
 from aiayn.config import DecodeConfig
 from aiayn.search.beam import BeamSearch
+from aiayn.search.beam_candidates import TopK
 from aiayn.search.hypothesis import Hypothesis, length_penalty
-from aiayn.search.views import TopK
 from aiayn.text.batches import Example, collate
 from aiayn.translate.files import read_file_lines
 from aiayn.translate.metrics import bleu

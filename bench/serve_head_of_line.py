@@ -44,7 +44,7 @@ import torch
 from serve_load import add_cpu_flags, cpu_name, launch, own_connections, percentiles, turn_flags
 
 from aiayn.runtime.memory import keep_freed_memory
-from aiayn.search.rows import RowSearch
+from aiayn.search.row_search import RowSearch
 from aiayn.search.step import inference
 from aiayn.serve.jobs import Job
 from aiayn.serve.streams import Streams

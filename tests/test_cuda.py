@@ -97,7 +97,7 @@ def continuous_equals_alone(device: str) -> None:
     from aiayn.config import EOS_ID, DecodeConfig, ModelConfig
     from aiayn.search.beam import BeamSearch
     from aiayn.search.decode import search
-    from aiayn.search.rows import RowSearch
+    from aiayn.search.row_search import RowSearch
 
     torch.manual_seed(0)
     cfg = ModelConfig.preset(

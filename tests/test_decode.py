@@ -24,7 +24,7 @@ from aiayn.search.decode import beam_search, greedy_decode, greedy_search, sampl
 from aiayn.search.hypothesis import Hypothesis, length_penalty
 from aiayn.search.limits import max_output_lengths
 from aiayn.search.sampling import sample_seed, top_k_filter, top_p_filter
-from aiayn.search.views import StepView
+from aiayn.search.step_view import StepView
 from aiayn.text.batches import padding_parts
 
 A, B_, C = 4, 5, 6  # the fake model's word ids
@@ -554,7 +554,7 @@ def test_rows_that_join_a_running_search_get_what_they_get_alone(
     gives them in a batch of their own, whatever row is dropped meanwhile (`drop_at`: that
     sentence, at that step), and whether an admission is encoded as one batch or in parts of
     similar length (`slack`)."""
-    from aiayn.search.rows import RowSearch
+    from aiayn.search.row_search import RowSearch
 
     src = random_batch(lengths, seed)
     cfg = DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=4, min_len=min_len)
@@ -634,7 +634,7 @@ def test_sentences_that_join_a_running_beam_search_get_what_they_get_alone(
 def test_joining_rows_take_free_slots_and_steps_skip_the_columns_no_row_sees(
     eos_model: Transformer,
 ) -> None:
-    from aiayn.search.rows import RowSearch
+    from aiayn.search.row_search import RowSearch
 
     cfg = DecodeConfig(beam_size=1, max_len_a=0.0, max_len_b=6, min_len=6)
     run = RowSearch(eos_model, cfg)
@@ -800,7 +800,7 @@ def test_a_step_reads_the_host_a_fixed_number_of_times(
     number of times (a GPU waits for the device at each), not once per value it reads; rows
     that joined late (`joined`: per-row positions and masks) cost no more."""
     from aiayn.search.beam import BeamSearch
-    from aiayn.search.rows import RowSearch
+    from aiayn.search.row_search import RowSearch
 
     src = random_batch([3, 9, 5, 7, 4, 8, 6, 9, 3, 5, 7, 8] * 2, seed=3)
     cfg = DecodeConfig(beam_size=beam, nbest=beam, max_len_a=1.0, max_len_b=4)
@@ -834,7 +834,7 @@ def test_joining_a_running_search_reads_the_host_a_fixed_number_of_times(
     """Sentences joining a running search (a server admits some every few steps) cost a fixed
     number of host reads, rows that ended or not."""
     from aiayn.search.beam import BeamSearch
-    from aiayn.search.rows import RowSearch
+    from aiayn.search.row_search import RowSearch
 
     src = random_batch([3, 9, 5, 7, 4, 8, 6, 9, 3, 5, 7, 8] * 2, seed=3)
     cfg = DecodeConfig(beam_size=beam, nbest=beam, max_len_a=1.0, max_len_b=4)

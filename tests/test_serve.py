@@ -767,7 +767,7 @@ def test_the_closed_loop_bench_answers_what_translate_does(translator, one_threa
     import sys
     from pathlib import Path
 
-    from aiayn.search.rows import RowSearch
+    from aiayn.search.row_search import RowSearch
 
     bench_dir = Path(__file__).resolve().parent.parent / "bench"
     monkeypatch.syspath_prepend(str(bench_dir))

@@ -40,7 +40,7 @@ from aiayn.nn.tracing import Trace, TraceTooLargeError, tracing
 from aiayn.search.decode import beam_search, greedy_search, sample_search
 from aiayn.search.limits import max_output_lengths, output_cap
 from aiayn.search.sampling import sample_seed
-from aiayn.search.views import OnStep, StepView
+from aiayn.search.step_view import OnStep, StepView
 from aiayn.text.corpus import source_text
 from aiayn.text.tokenizer import Tokenizer
 

@@ -13,12 +13,12 @@ import torch
 from torch import Tensor
 
 from aiayn.config import DecodeConfig
+from aiayn.search.beam_candidates import TopK, ending_candidates
 from aiayn.search.hypothesis import Hypothesis, length_penalty
 from aiayn.search.limits import check_decode_config
-from aiayn.search.rows import pad_cols
-from aiayn.search.slots import join_caches, join_memories
+from aiayn.search.slots import join_caches, join_memories, pad_cols
 from aiayn.search.step import Decodable, check_stop, encode_parts, forbid, output_limits
-from aiayn.search.views import BeamState, OnStep, TopK, beam_view, ending_candidates
+from aiayn.search.step_view import BeamState, OnStep, beam_view
 
 
 class BeamSearch:

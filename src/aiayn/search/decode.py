@@ -47,10 +47,10 @@ from aiayn.config import DecodeConfig
 from aiayn.search.beam import BeamSearch, run_whole
 from aiayn.search.hypothesis import Hypothesis
 from aiayn.search.limits import check_decode_config
-from aiayn.search.rows import Pick, RowSearch, pick_best
+from aiayn.search.row_search import Pick, RowSearch, pick_best
 from aiayn.search.sampling import inverse_cdf_sample, sample_seed, top_k_filter, top_p_filter
 from aiayn.search.step import Decodable, inference
-from aiayn.search.views import OnStep
+from aiayn.search.step_view import OnStep
 
 
 def _search_single(

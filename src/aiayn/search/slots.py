@@ -4,7 +4,8 @@ continuous batching) and rows that end early, over the model's `KVCache` and `Me
 Every row writes its next position at the same column (`length`), so a row that joins at
 column c has `start_B` = c, sees only columns >= c, and its position in the sentence is
 column - c (left padding, as in batched generation). `join_caches` also drops the leading
-columns no live row sees any more, and grows the buffers when a joining row needs more room.
+columns no live row sees any more, and grows the buffers when a joining row needs more room
+(`pad_cols` grows a search's token buffer the same way).
 
 Greedy and sampling keep the cache in slots (`SlotCache`): a row that ends hands its slot to
 the last row, rows that join write into free slots, and the buffers are copied whole only
@@ -39,6 +40,14 @@ def _pad_dim(x: Tensor, dim: int, size: int) -> Tensor:
     shape = list(x.shape)
     shape[dim] = size - x.size(dim)
     return torch.cat([x, x.new_zeros(shape)], dim)
+
+
+def pad_cols(x_RT: Tensor, width: int, value: int) -> Tensor:
+    """`x_RT` with columns of `value` appended up to `width` (a search's token buffer when a
+    joining row needs more room)."""
+    if x_RT.size(1) >= width:
+        return x_RT
+    return torch.cat([x_RT, x_RT.new_full((x_RT.size(0), width - x_RT.size(1)), value)], 1)
 
 
 def join_caches(

@@ -1,7 +1,7 @@
 """Continuous batching for greedy and beam search: one running search per set of settings.
 
-Jobs whose settings do not sample do not wait for turns: each set of settings has one running
-search (`aiayn.search.rows.RowSearch` for greedy, `aiayn.search.beam.BeamSearch` for beam search,
+Jobs whose settings do not sample do not wait for turns: each set of settings has one running search
+(`aiayn.search.row_search.RowSearch` for greedy, `aiayn.search.beam.BeamSearch` for beam search,
 each sentence keeping its own N beams) that the model worker steps. Between two steps the sentences
 queued meanwhile join it, their encoder run (in parts of similar length) and their cache rows
 added, up to `max_rows` rows in flight over all the searches (a beam sentence counts its N rows),
@@ -31,7 +31,7 @@ from aiayn.config import DecodeConfig
 from aiayn.search.beam import BeamSearch
 from aiayn.search.hypothesis import Hypothesis
 from aiayn.search.limits import max_output_lengths, output_cap
-from aiayn.search.rows import RowSearch
+from aiayn.search.row_search import RowSearch
 from aiayn.search.step import inference
 from aiayn.serve.jobs import BatchStats, Job, batch_stats, drop, settle
 from aiayn.text.batches import padding_parts

@@ -15,9 +15,9 @@ from aiayn.config import DecodeConfig
 from aiayn.nn.kv_cache import Memory
 from aiayn.search.hypothesis import Hypothesis, length_penalty
 from aiayn.search.limits import check_decode_config
-from aiayn.search.slots import SlotCache, join_memories
+from aiayn.search.slots import SlotCache, join_memories, pad_cols
 from aiayn.search.step import Decodable, check_stop, forbid, output_limits
-from aiayn.search.views import OnStep, SingleRows, single_view
+from aiayn.search.step_view import OnStep, SingleRows, single_view
 
 # (log-probabilities (R, V), id of each live row (R,), each row's step (R,))
 #   -> (next token ids (R,), their log-probabilities (R,))
@@ -200,11 +200,3 @@ class RowSearch:
             setattr(self, name, getattr(self, name)[keep_r])
         if self.memory is not None:
             self.memory = self.memory.index_select(keep_r)
-
-
-def pad_cols(x_RT: Tensor, width: int, value: int) -> Tensor:
-    """`x_RT` with columns of `value` appended up to `width` (a search's token buffer when a
-    joining row needs more room)."""
-    if x_RT.size(1) >= width:
-        return x_RT
-    return torch.cat([x_RT, x_RT.new_full((x_RT.size(0), width - x_RT.size(1)), value)], 1)

@@ -1,21 +1,23 @@
 """What an observer of the search sees: one `StepView` per decoding step, built from the
 search's own tensors only when someone watches (`on_step`), so the glass box shows the search
-of aiayn.search.decode and no copy of it.
+of aiayn.search.decode and no copy of it: `single_view` for a greedy or sampling step
+(aiayn.search.row_search), `beam_view` for a beam step (aiayn.search.beam).
 
-The candidates' fates (live, finished, pruned, and why) are decided here exactly as the search
-decided them; tests/test_decode.py checks the two agree.
+A beam step's candidates get their fates (live, finished, pruned, and why) from
+aiayn.search.beam_candidates, by the rules the search itself follows; tests/test_decode.py
+checks the two agree.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from aiayn.config import DecodeConfig
+from aiayn.search.beam_candidates import TopK, candidate_fates, ending_candidates
 from aiayn.search.hypothesis import Hypothesis, length_penalty
 
 
@@ -135,24 +137,6 @@ def single_view(
     )
 
 
-class TopK(NamedTuple):
-    """A beam step's 2N best candidates per live sentence (b sentences, C = 2N)."""
-
-    scores_bC: Tensor  # total log-probability
-    beam_bC: Tensor  # the beam (0..n-1) each extends
-    tok_bC: Tensor
-    is_eos_bC: Tensor
-
-
-def ending_candidates(top: TopK, last_b: Tensor, N: int) -> Tensor:
-    """Which candidates end this step: EOS among the N best, or any of the N best at the
-    length limit (`last_b`: which sentences are there); never one with probability 0."""
-    ends_bC = top.is_eos_bC.clone()
-    ends_bC[:, N:] = False
-    ends_bC[:, :N] |= last_b[:, None]
-    return ends_bC & (top.scores_bC > float("-inf"))
-
-
 @dataclass(frozen=True)
 class BeamState:
     """What `beam_view` reads of a beam step besides its candidates."""
@@ -207,34 +191,3 @@ def beam_view(
         if st.done[i]
     )
     return StepView("beam", t, live, logits_rV, lp_rV, tuple(cands), tuple(finished), done)
-
-
-def candidate_fates(
-    ends: list[bool],
-    alive: list[int],
-    eos: list[bool],
-    scores: list[float],
-    n_new: int,
-    last: bool,
-    done: bool,
-    N: int,
-) -> list[tuple[str, str]]:
-    """(fate, why) of one sentence's candidates, best first, as `_beam_search` decides them."""
-    slot = {j: k for k, j in enumerate(alive)}
-    out, taken = [], 0
-    for j, (end, is_eos, lp) in enumerate(zip(ends, eos, scores, strict=True)):
-        if end:  # ends, unless N hypotheses have ended already
-            why = "eos" if is_eos else "length limit"
-            out.append(("finished", why) if taken < n_new else ("pruned", "N already finished"))
-            taken += 1
-        elif j in slot and not done:
-            out.append(("live", f"beam slot {slot[j] + 1} of {N}"))
-        elif lp == float("-inf"):
-            out.append(("pruned", "impossible"))
-        elif j in slot:  # alive, but its sentence is done
-            out.append(("pruned", "length limit" if last else "early termination"))
-        elif is_eos:
-            out.append(("pruned", "eos below the N best"))
-        else:
-            out.append(("pruned", "length limit" if last else "beam full"))
-    return out
