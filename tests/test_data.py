@@ -25,8 +25,8 @@ from aiayn.text.batches import (
     resegment,
 )
 from aiayn.text.corpus import MAX_LINE_CHARS, DataStats, hold_out, read_parallel
-from aiayn.text.data import StepLoader
 from aiayn.text.tokenizer import Tokenizer
+from aiayn.training.loader import StepLoader
 
 
 def write(path, text: str | bytes):

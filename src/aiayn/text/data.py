@@ -1,12 +1,11 @@
-"""A training run's data: its corpora read, encoded and planned into batches, and each
-optimizer step's share of batches for this rank.
+"""A training run's data: its corpora read, checked and encoded, the drops reported.
 
 The path a sentence pair takes:
 
-    aiayn.text.corpus   read_parallel(src, tgt): streamed, checked; unusable pairs dropped, counted
-    aiayn.text.batches  encode_pairs -> batch_plan (token budget) -> collate (a padded `Batch`)
-    here                load_data: the training and validation sets of a run, reported;
-                        StepLoader: the batches of each optimizer step, sharded over ranks
+    aiayn.text.corpus      read_parallel(src, tgt): streamed, checked; unusable pairs dropped
+    aiayn.text.batches     encode_pairs -> batch_plan (token budget) -> collate (a padded `Batch`)
+    here                   load_data: the training and validation sets of a run, reported
+    aiayn.training.loader  StepLoader: the batches of each optimizer step, sharded over ranks
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from aiayn.config import TrainConfig
 from aiayn.errors import ConfigError
 from aiayn.runtime.distributed import Dist
 from aiayn.runtime.progress import counted, progress
-from aiayn.text.batches import Example, batch_plan, encode_pairs, padding_efficiency, resegment
+from aiayn.text.batches import Example, encode_pairs
 from aiayn.text.corpus import DataStats, Heldout, count_lines, read_parallel
 from aiayn.text.tokenizer import Tokenizer
 
@@ -34,7 +33,7 @@ class RunData:
     valid_srcs: list[str] = field(default_factory=list)  # their source text (choosing alpha)
     held_out: int = 0  # training pairs left out for (or because of) a held-out validation set
     # the text of each training example, kept only under subword regularization (each epoch
-    # segments it afresh: `StepLoader`)
+    # segments it afresh: aiayn.training.loader's `StepLoader`)
     train_text: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -103,65 +102,3 @@ def load_data(
 def _report(stats: DataStats, name: str, d: Dist) -> None:
     if d.main:
         (log.warning if stats.dropped else log.info)(stats.report(name))
-
-
-class StepLoader:
-    """Hands out, per optimizer step, this rank's micro-batches and the step's target tokens.
-
-    One step consumes accum_steps × world batches of the epoch's plan; rank r takes every
-    world-th of them. The plan depends only on (seed, epoch), so (epoch, batch_in_epoch), as
-    a run's `TrainState` keeps them, is a complete data position. A remainder shorter than one
-    step is skipped and the epoch ends at once, so the epoch always counts finished epochs.
-
-    Under subword regularization (`train.subword_alpha`, with the examples' `text`) each epoch
-    has examples of its own, the text segmented afresh by sampling seeded by (seed, epoch):
-    `data` is the current epoch's, and a resume still finds the same batches.
-    """
-
-    def __init__(
-        self,
-        data: list[Example],
-        tc: TrainConfig,
-        d: Dist,
-        text: list[tuple[str, str]] | None = None,
-        tok: Tokenizer | None = None,
-    ) -> None:
-        self.best, self.data, self.tc, self.d = data, data, tc, d
-        self.text, self.tok = text, tok
-        self.per_step = tc.accum_steps * d.world
-        self._plan: tuple[int, list[list[int]]] = (-1, [])
-
-    def plan(self, epoch: int) -> list[list[int]]:
-        if self._plan[0] != epoch:
-            tc = self.tc
-            if tc.subword_alpha and self.text and self.tok is not None:
-                seed = 1_000_003 * tc.seed + 2 * epoch  # resegment uses seed and seed + 1
-                self.data = resegment(self.text, self.best, self.tok, tc.subword_alpha, seed,
-                                      tc.max_len)  # fmt: skip
-            plan = batch_plan(self.data, tc.max_tokens, seed=tc.seed, epoch=epoch)
-            if len(plan) < self.per_step:
-                raise ConfigError(
-                    f"one step needs {self.per_step} batches but an epoch has {len(plan)}; "
-                    "lower train.max_tokens or train.accum_steps"
-                )
-            if self.d.main:
-                log.info(
-                    "epoch %d: %d batches, padding efficiency %.1f%%",
-                    epoch + 1,
-                    len(plan),
-                    100 * padding_efficiency(self.data, plan),
-                )
-            self._plan = (epoch, plan)
-        return self._plan[1]
-
-    def next_step(
-        self, epoch: int, batch_in_epoch: int
-    ) -> tuple[list[list[int]], int, tuple[int, int]]:
-        """This rank's batches of the step at (epoch, batch_in_epoch), the step's target tokens
-        over all ranks, and the data position after the step."""
-        plan = self.plan(epoch)
-        chunk = plan[batch_in_epoch : batch_in_epoch + self.per_step]
-        tokens = sum(self.data[i].tgt_positions for idx in chunk for i in idx)
-        after = batch_in_epoch + self.per_step
-        position = (epoch + 1, 0) if after + self.per_step > len(plan) else (epoch, after)
-        return chunk[self.d.rank :: self.d.world], tokens, position

@@ -26,10 +26,10 @@ from aiayn.runtime.device import set_threads
 from aiayn.runtime.distributed import stop_on_signals
 from aiayn.runtime.progress import interactive
 from aiayn.text.batches import collate
-from aiayn.text.data import StepLoader
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.budget import fit_budget, refit_budget
 from aiayn.training.finish import finish_run
+from aiayn.training.loader import StepLoader
 from aiayn.training.loss import train_step
 from aiayn.training.run import Run, TrainResult
 from aiayn.training.schedule import learning_rate
