@@ -22,7 +22,7 @@ from aiayn.glassbox.explain import explain, trace_beam
 from aiayn.glassbox.explanation import stable_name
 from aiayn.glassbox.render import View, parse_indices, to_json, to_text
 from aiayn.glassbox.render_html import to_html
-from aiayn.glassbox.seed import seed_example_json, seed_example_text
+from aiayn.glassbox.seed_example import seed_example_json, seed_example_text
 from aiayn.nn.model import Transformer
 from aiayn.search.decode import beam_search, greedy_decode
 from aiayn.store.model_dir import load_model_dir, save_model_dir

@@ -15,7 +15,7 @@ from aiayn.glassbox.notebook import (
     MatrixView,
     SeedExampleView,
 )
-from aiayn.glassbox.seed import seed_example_json
+from aiayn.glassbox.seed_example import seed_example_json
 
 CELL = re.compile(r'data-name="([^"]+)" data-r="(\d+)" data-c="(\d+)" data-v="([^"]+)"')
 

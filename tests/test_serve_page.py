@@ -299,7 +299,7 @@ def test_seed_example_on_the_page_has_every_number_of_the_worked_example(chromiu
 
 
 def test_seed_endpoint_needs_the_key_and_the_schema_names_stack(served_model_dir):
-    from aiayn.glassbox.seed import seed_example_json
+    from aiayn.glassbox.seed_example import seed_example_json
 
     s = ServerProcess(served_model_dir, "--api-key", "k3y")
     try:

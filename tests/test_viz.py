@@ -15,6 +15,7 @@ from aiayn.cli.main import main
 from aiayn.config import BOS_ID, PAD_ID, ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.glassbox import viz
+from aiayn.glassbox.attention_page import attention_page
 from aiayn.glassbox.viz import (
     attention_figures,
     attention_for_model,
@@ -23,7 +24,6 @@ from aiayn.glassbox.viz import (
     plot_training_log,
     read_metrics,
 )
-from aiayn.glassbox.viz_html import attention_page
 from aiayn.nn.model import AttentionMaps, Transformer
 from aiayn.nn.tracing import tracing
 from aiayn.nn.variants import DecoderLM, EncoderClassifier

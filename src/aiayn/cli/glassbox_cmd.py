@@ -67,7 +67,7 @@ def run_explain(args: argparse.Namespace) -> int:
     from aiayn.glassbox.explain import BeamTraceTooLargeError
     from aiayn.glassbox.render import View, parse_indices
     from aiayn.glassbox.report import explain_report
-    from aiayn.glassbox.seed import seed_example_json, seed_example_text
+    from aiayn.glassbox.seed_example import seed_example_json, seed_example_text
     from aiayn.nn.tracing import TraceTooLargeError
 
     if args.seed_example:
@@ -136,13 +136,13 @@ def add_attend(sub: argparse._SubParsersAction) -> None:
 
 def run_attend(args: argparse.Namespace) -> int:
     from aiayn.atomic import atomic_write_text
+    from aiayn.glassbox.attention_page import attention_page
     from aiayn.glassbox.viz import (
         MAX_SENTENCES,
         attention_figures,
         attention_for_model,
         write_figure,
     )
-    from aiayn.glassbox.viz_html import attention_page
     from aiayn.runtime.device import resolve_device
     from aiayn.store.model_dir import load_model_dir
     from aiayn.text.corpus import read_lines

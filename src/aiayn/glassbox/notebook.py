@@ -313,7 +313,7 @@ class SeedExampleView:
     label (the seeds' wrong values marked)."""
 
     def __init__(self, sections: Sequence[int] = (1, 2, 3)) -> None:
-        from aiayn.glassbox.seed import seed_example_json
+        from aiayn.glassbox.seed_example import seed_example_json
 
         data = seed_example_json()["sections"]
         self.sections = [data[i - 1] for i in sections]
@@ -344,6 +344,6 @@ def _seed_number(v: float | None, decimals: int) -> str:
         return "-inf"
     if decimals != 8:
         return f"{v:.{decimals}f}"
-    from aiayn.glassbox.seed import num
+    from aiayn.glassbox.seed_example import num
 
     return num(v) if math.isfinite(v) else str(v)

@@ -76,7 +76,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 @functools.cache
 def _seed_example() -> dict[str, Any]:
     """The seeds' replay (a few small float64 products, computed once per process)."""
-    from aiayn.glassbox.seed import seed_example_json
+    from aiayn.glassbox.seed_example import seed_example_json
 
     return seed_example_json()
 
