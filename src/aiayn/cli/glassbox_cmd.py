@@ -191,7 +191,8 @@ def add_plot_log(sub: argparse._SubParsersAction) -> None:
 
 
 def run_plot_log(args: argparse.Namespace) -> int:
-    from aiayn.glassbox.viz import figure_format, plot_training_log, write_figure
+    from aiayn.glassbox.viz import figure_format, write_figure
+    from aiayn.training.curves import plot_training_log
 
     run_dir = args.run_dir if args.run_dir.is_dir() else args.run_dir.parent
     out = args.out or run_dir / "curves.png"
