@@ -78,7 +78,7 @@ def make_requests(corpus: list[str], n: int, most: int, seed: int) -> list[list[
 
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    from aiayn.interop.export_dir import is_export_dir
+    from aiayn.store.directory import is_export_dir
 
     device = [] if is_export_dir(args.model) else ["--device", args.device]
     return launch(args.model, ["--threads", str(args.threads), "--window-ms", str(args.window_ms),
@@ -328,8 +328,8 @@ def main() -> None:
     if args.server_cpus:  # where the server ran
         os.sched_setaffinity(0, args.server_cpus)
     from aiayn.interop.engines import load_translator
-    from aiayn.interop.export_dir import is_export_dir
     from aiayn.runtime.memory import keep_freed_memory
+    from aiayn.store.directory import is_export_dir
     from aiayn.translate.translator import Translator
 
     keep_freed_memory()  # the malloc settings the served side runs with (`aiayn serve`)

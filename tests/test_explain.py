@@ -642,7 +642,7 @@ def test_cli_explain_records_only_its_view_and_is_bounded(model_dir, capsys):
     bounded (--max-trace-numbers) and what --layers/--heads/--steps leave out is not recorded
     (the narrowed run fits a budget the whole trace does not, and prints the same text)."""
     from aiayn.glassbox.report import trace_sentence
-    from aiayn.translate.translator import saved_decode_config
+    from aiayn.store.directory import saved_decode_config
 
     narrow = ("--max-len", "3", "--layers", "1", "--heads", "2", "--steps", "1")
     model, tok = load_model_dir(model_dir), Tokenizer.load(model_dir)

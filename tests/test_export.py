@@ -25,11 +25,12 @@ from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import ConfigError
 from aiayn.nn.model import Transformer
 from aiayn.nn.variants import DecoderLM
+from aiayn.store.directory import saved_decode_config
 from aiayn.store.model_dir import save_model_dir
 from aiayn.text.batches import pad_rows
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.translate.metrics import bleu
-from aiayn.translate.translator import Translator, saved_decode_config
+from aiayn.translate.translator import Translator
 
 ct2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (aiayn[export])")
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (aiayn[export])")

@@ -24,9 +24,8 @@ def run_info(args: argparse.Namespace) -> int:
     import torch
 
     from aiayn.config import MODEL_PRESETS, ModelConfig, to_dict
-    from aiayn.interop.export_dir import is_export_dir, read_export_meta
-    from aiayn.nn.model import Transformer, count_parameters
-    from aiayn.store.model_dir import load_model_dir
+    from aiayn.nn.model import Transformer, _ModelBase, count_parameters
+    from aiayn.store.directory import ModelDir
 
     args.model = args.model or args.model_dir
     if args.model_dir is not None and not args.model_dir.exists():
@@ -35,31 +34,28 @@ def run_info(args: argparse.Namespace) -> int:
             raise AiaynError(f"{name}: no such model directory, nor a preset "
                              f"({', '.join(sorted(MODEL_PRESETS))})")  # fmt: skip
         args.preset, args.model = name, None
-    if args.model is not None and is_export_dir(args.model):  # aiayn export wrote it
-        meta = read_export_meta(args.model)
-        from aiayn.interop.engines import exported_decode_config
-
+    opened = None if args.model is None else ModelDir.open(args.model)
+    # what `aiayn translate --model` searches with when no flag is given
+    decode = None if opened is None else dataclasses.asdict(opened.decode)
+    if opened is not None and opened.is_export:  # aiayn export wrote it
         keys = ("engine", "quantization", "architecture", "files", "versions", "source_model")
-        decode = dataclasses.asdict(exported_decode_config(args.model))
-        print(json.dumps({**{k: meta.get(k) for k in keys}, "config": meta["model"],
-                          "decode": decode}, indent=2))  # fmt: skip
+        meta = {k: opened.meta.get(k) for k in keys}
+        print(json.dumps({**meta, "config": opened.meta["model"], "decode": decode}, indent=2))
         return 0
     if args.preset:  # on the meta device: sizes without memory (a vocabulary of 10^11 is fine)
         cfg = ModelConfig.preset(args.preset, vocab_size=args.vocab_size)
         with torch.device("meta"):
             model: torch.nn.Module = Transformer(cfg)
     else:
-        model = load_model_dir(args.model)
+        assert opened is not None  # the group requires a preset or a model
+        model = opened.load_model(_ModelBase)
     info = {
         "architecture": type(model).__name__,
         "parameters": count_parameters(model),
         "config": to_dict(model.cfg),
     }
-    if args.model is not None and isinstance(model, Transformer):
-        from aiayn.translate.translator import saved_decode_config
-
-        # what `aiayn translate --model` searches with when no flag is given
-        info["decode"] = dataclasses.asdict(saved_decode_config(args.model))
+    if decode is not None and isinstance(model, Transformer):
+        info["decode"] = decode
     print(json.dumps(info, indent=2))
     return 0
 

@@ -96,31 +96,30 @@ def decode_setup(args: argparse.Namespace) -> tuple[Translator, DecodeConfig]:
     import dataclasses
     import logging
 
-    from aiayn.interop.engines import exported_decode_config, load_translator
-    from aiayn.interop.export_dir import is_export_dir
+    from aiayn.interop.engines import load_translator
     from aiayn.runtime.device import set_threads
     from aiayn.search.limits import check_decode_config
-    from aiayn.translate.translator import Translator, saved_decode_config
+    from aiayn.store.directory import ModelDir
+    from aiayn.translate.translator import Translator
 
     given = given_search_settings(args, SEARCH_FLAGS)
-    exported = is_export_dir(args.model)
-    saved = exported_decode_config(args.model) if exported else saved_decode_config(args.model)
-    cfg = dataclasses.replace(saved, **given)
+    opened = ModelDir.open(args.model)  # the one reading of the directory's description
+    cfg = dataclasses.replace(opened.decode, **given)
     check_decode_config(cfg)
     if args.batch_tokens < 1:
         raise AiaynError(f"--batch-tokens must be at least 1, got {args.batch_tokens}")
     set_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="aiayn: %(message)s")  # show warnings
-    if exported:  # aiayn export wrote it: CTranslate2 or ONNX Runtime runs it (docs/export.md)
-        translator = load_translator(args.model, cfg, device=args.device, dtype=args.dtype,
+    if opened.is_export:  # CTranslate2 or ONNX Runtime runs it (docs/export.md)
+        translator = load_translator(opened, cfg, device=args.device, dtype=args.dtype,
                                      threads=args.threads)  # fmt: skip
         return translator, cfg
-    return Translator.load(args.model, cfg, device=args.device, dtype=args.dtype), cfg
+    return Translator.load(opened, cfg, device=args.device, dtype=args.dtype), cfg
 
 
 def refuse_export_dir(directory: Path | None, command: str) -> None:
     """The glass box needs aiayn's own model: say so for an exported directory."""
-    from aiayn.interop.export_dir import is_export_dir
+    from aiayn.store.directory import is_export_dir
 
     if directory is not None and is_export_dir(directory):
         raise AiaynError(

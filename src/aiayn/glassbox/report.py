@@ -17,9 +17,8 @@ from aiayn.glassbox.render_html import to_html
 from aiayn.nn.model import Transformer
 from aiayn.runtime.device import resolve_device
 from aiayn.search.limits import check_decode_config
-from aiayn.store.model_dir import load_model_dir
+from aiayn.store.directory import ModelDir
 from aiayn.text.tokenizer import Tokenizer
-from aiayn.translate.translator import saved_decode_config
 
 
 def trace_settings(
@@ -94,10 +93,11 @@ def explain_report(
 
     Only what `view` shows is recorded (the rest would be copied and never printed), and at
     most `max_numel` numbers (`TraceTooLargeError` past it)."""
-    cfg = saved_decode_config(model_dir)
+    opened = ModelDir.open(model_dir)
+    cfg = opened.decode
     trace_settings(cfg, top_k, max_len, beam, overrides)  # bad settings fail before the load
-    model = load_model_dir(model_dir, resolve_device(device), expect=Transformer)
-    tok = Tokenizer.load(model_dir)
+    model = opened.load_model(Transformer, resolve_device(device))
+    tok = opened.tokenizer
     trace = trace_sentence(model, tok, sentence, cfg, top_k=top_k, max_len=max_len, beam=beam,
                            overrides=overrides, want=view.shows if view else None,
                            max_numel=max_numel)  # fmt: skip

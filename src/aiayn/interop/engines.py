@@ -33,10 +33,11 @@ import torch
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.interop.export_ct2 import import_ctranslate2, vocabulary
-from aiayn.interop.export_dir import export_decode_config, export_model_config, read_export_meta
 from aiayn.interop.export_onnx import OnnxModel
 from aiayn.search.hypothesis import Hypothesis, length_penalty
-from aiayn.search.limits import check_decode_config, max_output_lengths, output_cap
+from aiayn.search.limits import max_output_lengths, output_cap
+from aiayn.store.directory import ModelDir, open_model_dir
+from aiayn.store.model_dir import EXPORT_FILE
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.translate.translator import Translator
 
@@ -139,13 +140,6 @@ def check_ct2_settings(cfg: DecodeConfig) -> None:
 # --- loading ------------------------------------------------------------------------------------
 
 
-def exported_decode_config(directory: str | Path) -> DecodeConfig:
-    """The search defaults saved with an export (its source model's `[decode]` table)."""
-    cfg = export_decode_config(read_export_meta(directory), directory)
-    check_decode_config(cfg)
-    return cfg
-
-
 def _ct2_device(device: str) -> tuple[str, int]:
     kind, _, index = device.strip().lower().partition(":")
     if kind not in ("auto", "cpu", "cuda") or (index and not index.isdigit()):
@@ -156,7 +150,7 @@ def _ct2_device(device: str) -> tuple[str, int]:
 
 
 def load_translator(
-    directory: str | Path,
+    directory: str | Path | ModelDir,
     cfg: DecodeConfig | None = None,
     *,
     device: str = "auto",
@@ -168,12 +162,11 @@ def load_translator(
     `threads` is the engine's intra-op thread count (0 = its default). For CTranslate2,
     `dtype` auto keeps the exported weights' type (e.g. int8), fp32 / bf16 compute in that type.
     """
-    directory = Path(directory)
-    meta = read_export_meta(directory)
-    model_cfg = export_model_config(meta, directory)
-    cfg = cfg or export_decode_config(meta, directory)
-    tok = Tokenizer.load(directory)
-    tok.check_fits(model_cfg, str(directory))
+    opened = open_model_dir(directory)
+    if not opened.is_export:
+        raise CheckpointError(f"{opened.path} is not an exported model (no {EXPORT_FILE})")
+    directory, meta, model_cfg = opened.path, opened.meta, opened.model_cfg
+    cfg, tok = cfg or opened.decode, opened.tokenizer
     if meta["engine"] == "onnxruntime":
         if device.strip().lower() not in ("auto", "cpu") or dtype not in ("auto", "fp32"):
             raise ConfigError("the ONNX engine runs in fp32 on the CPU: drop --device/--dtype")

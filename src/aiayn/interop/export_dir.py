@@ -6,41 +6,30 @@ engine runs (CTranslate2, ONNX Runtime). Besides the engine's own files it holds
 quantization, the source model's config and its search defaults, so that `aiayn translate
 --model OUT` knows what OUT is and decodes with the same settings.
 
-An export is built in a hidden temporary sibling of OUT and renamed into place at the end, so
+Reading one is `aiayn.store.directory.ModelDir`'s, as for every model directory. An export
+is built in a hidden temporary sibling of OUT and renamed into place at the end, so
 OUT is either complete or absent; an OUT that exists and is not empty is refused up front.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from aiayn.atomic import atomic_write_json, check_new_dir, read_json_object
-from aiayn.config import DecodeConfig, ModelConfig, from_dict, to_dict
-from aiayn.errors import CheckpointError, ConfigError
+from aiayn.atomic import atomic_write_json, check_new_dir
+from aiayn.config import DecodeConfig, ModelConfig, to_dict
 from aiayn.nn.model import Transformer
-from aiayn.store.model_dir import EXPORT_FILE, load_model_dir
+from aiayn.store.directory import EXPORT_FORMAT, EXPORT_FORMAT_VERSION, ModelDir
+from aiayn.store.model_dir import EXPORT_FILE
 from aiayn.text.tokenizer import Tokenizer
-from aiayn.translate.translator import saved_decode_config
-
-EXPORT_FORMAT = "aiayn-export"
-EXPORT_FORMAT_VERSION = 1
-ENGINES = ("ctranslate2", "onnxruntime")
-
-
-def is_export_dir(directory: str | Path) -> bool:
-    """Whether `directory` holds an exported model (rather than an aiayn model directory)."""
-    return (Path(directory) / EXPORT_FILE).is_file()
 
 
 def load_source(model_dir: Path, out: Path) -> tuple[Transformer, Tokenizer, DecodeConfig]:
     """The model, tokenizer and search defaults to export, checked to fit each other; `out` is
     refused first if it is taken, before anything is loaded."""
     check_new_dir(out)
-    model = load_model_dir(model_dir, expect=Transformer)
-    tok = Tokenizer.load(model_dir)
-    tok.check_fits(model.cfg, str(model_dir))
-    return model, tok, saved_decode_config(model_dir)
+    source = ModelDir.open(model_dir)
+    model = source.load_model(Transformer)
+    return model, source.tokenizer, source.decode
 
 
 def write_export_meta(
@@ -70,45 +59,3 @@ def write_export_meta(
             "versions": versions,  # aiayn and the engine's package at export time
         },
     )
-
-
-def read_export_meta(directory: str | Path) -> dict[str, Any]:
-    """Read and check `aiayn_export.json`; a missing or foreign file is a CheckpointError."""
-    path = Path(directory) / EXPORT_FILE
-    missing = f"{directory} is not an exported model (no {EXPORT_FILE})"
-    what = ("an aiayn export", EXPORT_FORMAT, EXPORT_FORMAT_VERSION)
-    meta = read_json_object(path, missing, fmt=what)
-    if meta.get("engine") not in ENGINES:
-        raise CheckpointError(f"{path}: unknown engine {meta.get('engine')!r}")
-    return meta
-
-
-def export_model_config(meta: dict[str, Any], directory: str | Path) -> ModelConfig:
-    try:
-        return from_dict(ModelConfig, meta["model"], "model")
-    except (ConfigError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{directory}/{EXPORT_FILE}: bad model config: {e}") from None
-
-
-def export_decode_config(meta: dict[str, Any], directory: str | Path) -> DecodeConfig:
-    """The search defaults the exported model was saved with (its source model's)."""
-    try:
-        return from_dict(DecodeConfig, meta.get("decode", {}), "decode")
-    except (ConfigError, TypeError) as e:
-        raise CheckpointError(f"{directory}/{EXPORT_FILE}: bad decode settings: {e}") from None
-
-
-def export_engine(directory: Path) -> str | None:
-    """The engine of an `aiayn export` directory (with its quantization), None otherwise."""
-    if not is_export_dir(directory):
-        return None
-    meta = read_export_meta(directory)
-    return f"{meta['engine']} ({meta.get('quantization', 'float32')})"
-
-
-def export_source(directory: Path) -> Path | None:
-    """The model directory an export was made from, if it is still there."""
-    if not is_export_dir(directory):
-        return None
-    source = Path(str(read_export_meta(directory).get("source_model", "")))
-    return source if source.is_dir() else None

@@ -56,6 +56,7 @@ from aiayn.serve.requests import (
     validation_message,
 )
 from aiayn.serve.server import ServeOptions, Server
+from aiayn.store.directory import ModelDir
 from aiayn.translate.translator import Translator
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ def _with_body(handler: Callable[..., Any], model: type[BaseModel]) -> Callable[
     return endpoint
 
 
-def create_app(translator: Translator, model_dir: Path, opts: ServeOptions) -> FastAPI:
+def create_app(translator: Translator, model_dir: Path | ModelDir, opts: ServeOptions) -> FastAPI:
     """The FastAPI app; its lifespan stops the model worker after the last answer."""
     server: Server | None = None
 

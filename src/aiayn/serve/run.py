@@ -16,20 +16,20 @@ from aiayn.errors import AiaynError
 from aiayn.runtime.gc_pauses import freeze_startup
 from aiayn.serve.app import create_app
 from aiayn.serve.server import ServeOptions
+from aiayn.store.directory import ModelDir
 from aiayn.translate.translator import Translator
 
 log = logging.getLogger(__name__)
 
 
-def load_any(model_dir: Path, device: str, dtype: str, threads: int) -> Translator:
+def load_any(opened: ModelDir, device: str, dtype: str, threads: int) -> Translator:
     """The translator of an aiayn model directory, or of an `aiayn export` directory
     (CTranslate2 or ONNX Runtime: the same API, the engine's own search; nothing to trace)."""
     from aiayn.interop.engines import load_translator
-    from aiayn.interop.export_dir import is_export_dir
 
-    if is_export_dir(model_dir):
-        return load_translator(model_dir, device=device, dtype=dtype, threads=threads)
-    return Translator.load(model_dir, device=device, dtype=dtype)
+    if opened.is_export:
+        return load_translator(opened, device=device, dtype=dtype, threads=threads)
+    return Translator.load(opened, device=device, dtype=dtype)
 
 
 def is_loopback(host: str) -> bool:
@@ -73,8 +73,9 @@ def serve(model_dir: Path, opts: ServeOptions, *, device: str = "auto", dtype: s
     sock = listen(opts.host, opts.port)
     app = None
     try:
-        translator = load_any(model_dir, device, dtype, threads)
-        app = create_app(translator, model_dir, opts)
+        opened = ModelDir.open(model_dir)  # the one reading of the directory's description
+        translator = load_any(opened, device, dtype, threads)
+        app = create_app(translator, opened, opts)
         return _run(app, sock, model_dir, translator.device, opts, announce)
     finally:
         sock.close()

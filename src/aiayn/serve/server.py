@@ -26,7 +26,6 @@ from aiayn.config import DecodeConfig, to_dict
 from aiayn.errors import AiaynError
 from aiayn.glassbox.render import View, to_json
 from aiayn.glassbox.report import trace_sentence, trace_settings
-from aiayn.interop.export_dir import export_engine, export_source
 from aiayn.nn.tracing import TraceTooLargeError
 from aiayn.search.limits import MAX_ROWS, search_rows
 from aiayn.serve.batcher import Batcher
@@ -42,6 +41,7 @@ from aiayn.serve.requests import (
     request_models,
     validation_message,
 )
+from aiayn.store.directory import ModelDir, open_model_dir
 from aiayn.translate.translator import Translation, Translator
 
 
@@ -78,12 +78,16 @@ EXPLAIN_SEARCH = ("alpha", "length_penalty", "min_len", "sample", "temperature",
 class Server:
     """The state the endpoints share: the translator, its batcher, options and metrics."""
 
-    def __init__(self, translator: Translator, model_dir: Path, opts: ServeOptions) -> None:
-        self.translator, self.model_dir, self.opts = translator, model_dir, opts
+    def __init__(
+        self, translator: Translator, model_dir: Path | ModelDir, opts: ServeOptions
+    ) -> None:
+        opened = open_model_dir(model_dir)
+        self.translator, self.model_dir, self.opts = translator, opened.path, opts
         self.limits = opts.limits
-        self.engine = export_engine(model_dir)  # None: aiayn's own model, which can be traced
+        self.engine = opened.engine  # None: aiayn's own model, which can be traced
         # An export records no training files: its languages and examples are its source's.
-        source = export_source(model_dir) or model_dir
+        source = opened.source
+        model_dir = opened.path
         self.languages: tuple[str, str] | None = model_languages(model_dir) or model_languages(
             source
         )

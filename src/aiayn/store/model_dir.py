@@ -97,7 +97,11 @@ def read_model_meta(directory: str | Path) -> dict[str, Any]:
 
 
 def load_model_config(directory: str | Path) -> ModelConfig:
-    meta = read_model_meta(directory)
+    return model_config_of(read_model_meta(directory), directory)
+
+
+def model_config_of(meta: dict[str, Any], directory: str | Path) -> ModelConfig:
+    """The model config in a `config.json` (or `aiayn_export.json`) already read."""
     try:
         return from_dict(ModelConfig, meta["model"], "model")
     except (ConfigError, KeyError, TypeError) as e:
@@ -244,7 +248,17 @@ def load_model_dir(
     """
     directory = Path(directory)
     meta = read_model_meta(directory)
-    cfg = load_model_config(directory)
+    return build_model(directory, meta, model_config_of(meta, directory), map_location, expect)
+
+
+def build_model(
+    directory: Path,
+    meta: dict[str, Any],
+    cfg: ModelConfig,
+    map_location: str | torch.device = "cpu",
+    expect: type[_ModelBase] | None = None,
+) -> _ModelBase:
+    """`load_model_dir` for a `config.json` already read (`meta`, holding `cfg`)."""
     arch = meta.get("architecture")
     if arch not in MODEL_CLASSES:
         raise CheckpointError(f"{directory}: unknown architecture {arch!r}")

@@ -76,7 +76,8 @@ def _choose_alpha(run: Run, progress: bool) -> None:
     The sweep is `evaluate --alphas`' own (translate.sweep_alpha), at the run's beam size and
     in the precision `aiayn translate` would decode in, on the first ALPHA_SENTENCES pairs.
     """
-    from aiayn.translate.translator import Translator, best_alpha_row, sweep_alpha
+    from aiayn.translate.evaluate import best_alpha_row, sweep_alpha
+    from aiayn.translate.translator import Translator
 
     dc, data = run.cfg.decode, run.data
     if not run.tc.choose_alpha:

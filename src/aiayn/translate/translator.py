@@ -19,15 +19,15 @@ from pathlib import Path
 
 import torch
 
-from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, from_dict, read_run_config
-from aiayn.errors import CheckpointError, DataError
+from aiayn.config import DecodeConfig
+from aiayn.errors import DataError
 from aiayn.nn.model import Transformer
 from aiayn.runtime.device import Precision, choose_precision, resolve_device
 from aiayn.search.decode import search
 from aiayn.search.hypothesis import Hypothesis
 from aiayn.search.limits import MAX_ROWS, check_decode_config, search_rows
 from aiayn.search.sampling import sample_seed
-from aiayn.store.model_dir import load_model_dir
+from aiayn.store.directory import ModelDir, open_model_dir
 from aiayn.text.batches import cut_batches, pad_rows
 from aiayn.text.corpus import source_text
 from aiayn.text.tokenizer import Tokenizer
@@ -50,17 +50,6 @@ class Translation:
 def one_line(text: str) -> str:
     """Keep one output line per input line, whatever characters the model emits."""
     return " ".join(text.splitlines()) if text else text
-
-
-def saved_decode_config(directory: str | Path) -> DecodeConfig:
-    """The `[decode]` table saved with a model directory, or the defaults if there is none."""
-    table = read_run_config(directory).get("decode", {})
-    try:
-        cfg = from_dict(DecodeConfig, table, "decode")
-    except (ValueError, AttributeError) as e:  # a bad value, not a table
-        raise CheckpointError(f"{Path(directory) / RUN_CONFIG_FILE} is unreadable: {e}") from None
-    check_decode_config(cfg)
-    return cfg
 
 
 # --- batching -------------------------------------------------------------------------------------
@@ -105,12 +94,13 @@ class Translator:
     @classmethod
     def load(
         cls,
-        directory: str | Path,
+        directory: str | Path | ModelDir,
         cfg: DecodeConfig | None = None,
         device: str | torch.device = "auto",
         dtype: str = "auto",
     ) -> Translator:
-        """From a model directory (`config.json`, `model.safetensors`, `tokenizer.model`).
+        """From a model directory (`config.json`, `model.safetensors`, `tokenizer.model`), or
+        one already opened (`aiayn.store.directory.ModelDir`).
 
         Without `cfg`, the search settings are the `[decode]` table of the run that made the
         model (`run_config.json`, kept by `aiayn train` and `aiayn average`), else the defaults.
@@ -119,10 +109,10 @@ class Translator:
         """
         where = resolve_device(device) if isinstance(device, str) else device
         precision = choose_precision(dtype, where, "dtype", decoding=True)
-        cfg = cfg or saved_decode_config(directory)
-        model = load_model_dir(directory, where, expect=Transformer)
+        opened = open_model_dir(directory)
+        model = opened.load_model(Transformer, where)
         precision.apply()
-        return cls(model, Tokenizer.load(directory), cfg, precision)
+        return cls(model, opened.tokenizer, cfg or opened.decode, precision)
 
     def settings(self, beam: int | None = None, **overrides: object) -> DecodeConfig:
         """The default search settings with `beam` and any DecodeConfig field replaced."""

@@ -1,0 +1,142 @@
+"""A model directory, opened once: what it is and what it holds.
+
+Every command that takes `--model DIR`, the server and the engines start from
+`ModelDir.open(DIR)`, which reads the directory's description once and checks it:
+
+    kind "aiayn"    `aiayn train`, `average` or `import` wrote it: `config.json`,
+                    `model.safetensors`, the tokenizer, and `run_config.json` whose `[decode]`
+                    table holds the search defaults (`imported` says where an import came from)
+    kind "export"   `aiayn export` wrote it: an engine's own files, the tokenizer, and
+                    `aiayn_export.json` (the engine, the quantization, the source model's
+                    config and search defaults)
+
+What is costly to read (the weights, the tokenizer) is read when asked for, once.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar, cast
+
+import torch
+
+from aiayn.atomic import read_json_object
+from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, ModelConfig, from_dict, read_run_config
+from aiayn.errors import CheckpointError, ConfigError
+from aiayn.nn.model import _ModelBase
+from aiayn.search.limits import check_decode_config
+from aiayn.store.model_dir import EXPORT_FILE, build_model, model_config_of, read_model_meta
+from aiayn.text.tokenizer import Tokenizer
+
+M = TypeVar("M", bound=_ModelBase)
+
+EXPORT_FORMAT = "aiayn-export"
+EXPORT_FORMAT_VERSION = 1
+ENGINES = ("ctranslate2", "onnxruntime")
+
+
+def is_export_dir(directory: str | Path) -> bool:
+    """Whether `directory` holds an exported model (rather than an aiayn model directory)."""
+    return (Path(directory) / EXPORT_FILE).is_file()
+
+
+def read_export_meta(directory: str | Path) -> dict[str, Any]:
+    """Read and check `aiayn_export.json`; a missing or foreign file is a CheckpointError."""
+    path = Path(directory) / EXPORT_FILE
+    missing = f"{directory} is not an exported model (no {EXPORT_FILE})"
+    what = ("an aiayn export", EXPORT_FORMAT, EXPORT_FORMAT_VERSION)
+    meta = read_json_object(path, missing, fmt=what)
+    if meta.get("engine") not in ENGINES:
+        raise CheckpointError(f"{path}: unknown engine {meta.get('engine')!r}")
+    return meta
+
+
+def saved_decode_config(directory: str | Path) -> DecodeConfig:
+    """The `[decode]` table saved with a model (or run) directory, or the defaults if there is
+    none."""
+    table = read_run_config(directory).get("decode", {})
+    try:
+        cfg = from_dict(DecodeConfig, table, "decode")
+    except (ValueError, AttributeError) as e:  # a bad value, not a table
+        raise CheckpointError(f"{Path(directory) / RUN_CONFIG_FILE} is unreadable: {e}") from None
+    check_decode_config(cfg)
+    return cfg
+
+
+def _export_decode_config(meta: dict[str, Any], directory: Path) -> DecodeConfig:
+    """The search defaults an export was saved with (its source model's)."""
+    try:
+        cfg = from_dict(DecodeConfig, meta.get("decode", {}), "decode")
+    except (ConfigError, TypeError) as e:
+        raise CheckpointError(f"{directory}/{EXPORT_FILE}: bad decode settings: {e}") from None
+    check_decode_config(cfg)
+    return cfg
+
+
+@dataclass(frozen=True)
+class ModelDir:
+    """A model directory's description, read and checked once (`ModelDir.open`)."""
+
+    path: Path
+    kind: Literal["aiayn", "export"]
+    meta: dict[str, Any]  # config.json, or aiayn_export.json for an export
+    model_cfg: ModelConfig
+    decode: DecodeConfig  # the search defaults saved with the model
+
+    @classmethod
+    def open(cls, directory: str | Path) -> ModelDir:
+        path = Path(directory)
+        if is_export_dir(path):
+            meta = read_export_meta(path)
+            return cls(path, "export", meta, model_config_of(meta, path),
+                       _export_decode_config(meta, path))  # fmt: skip
+        meta = read_model_meta(path)
+        return cls(path, "aiayn", meta, model_config_of(meta, path), saved_decode_config(path))
+
+    @property
+    def is_export(self) -> bool:
+        return self.kind == "export"
+
+    @property
+    def engine(self) -> str | None:
+        """An export's engine and quantization, e.g. "ctranslate2 (int8)"; None for aiayn's."""
+        if not self.is_export:
+            return None
+        return f"{self.meta['engine']} ({self.meta.get('quantization', 'float32')})"
+
+    @property
+    def source(self) -> Path:
+        """The aiayn model directory behind this one: an export's source, if it is still
+        there (the glass box traces it), else this directory."""
+        if self.is_export:
+            source = Path(str(self.meta.get("source_model", "")))
+            return source if source.is_dir() else self.path
+        return self.path
+
+    @property
+    def architecture(self) -> str:
+        return str(self.meta.get("architecture", ""))
+
+    @functools.cached_property
+    def tokenizer(self) -> Tokenizer:
+        """The directory's tokenizer, checked to fit the model (read on first use)."""
+        tok = Tokenizer.load(self.path)
+        tok.check_fits(self.model_cfg, str(self.path))
+        return tok
+
+    def load_model(self, expect: type[M], map_location: str | torch.device = "cpu") -> M:
+        """The model, its weights checked against the config (`aiayn.store.model_dir`)."""
+        if self.is_export:
+            raise CheckpointError(
+                f"{self.path} was written by aiayn export (translate, evaluate and serve run "
+                "it); give the aiayn model directory it came from"
+            )
+        model = build_model(self.path, self.meta, self.model_cfg, map_location, expect)
+        return cast(M, model)  # build_model checked it is an `expect`
+
+
+def open_model_dir(directory: str | Path | ModelDir) -> ModelDir:
+    """`ModelDir.open(directory)`, or the ModelDir itself: what every loader accepts."""
+    return directory if isinstance(directory, ModelDir) else ModelDir.open(directory)
