@@ -40,7 +40,8 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import PAD_ID, ModelConfig
-from aiayn.nn.model import Transformer, count_parameters, sinusoidal_positions
+from aiayn.nn.embeddings import sinusoidal_positions
+from aiayn.nn.model import Transformer, count_parameters
 from aiayn.runtime.memory import keep_freed_memory
 from aiayn.text.batches import Batch, Example, batch_plan, collate
 from aiayn.training.loss import label_smoothed_loss

@@ -256,7 +256,7 @@ def test_model_matches_numpy_reference(tiny_cfg, overrides):
 
 @pytest.mark.parametrize("layout", ["interleaved", "halves"])
 def test_reference_positional_encoding_matches_model(layout):
-    from aiayn.nn.model import sinusoidal_positions
+    from aiayn.nn.embeddings import sinusoidal_positions
 
     np.testing.assert_allclose(
         sinusoidal_positions(50, 12, layout).double().numpy(),
@@ -266,7 +266,7 @@ def test_reference_positional_encoding_matches_model(layout):
 
 
 def test_halves_layout_is_the_interleaved_table_with_its_columns_permuted():
-    from aiayn.nn.model import sinusoidal_positions
+    from aiayn.nn.embeddings import sinusoidal_positions
 
     inter, halves = sinusoidal_positions(40, 16), sinusoidal_positions(40, 16, "halves")
     torch.testing.assert_close(halves[:, :8], inter[:, 0::2], rtol=0, atol=0)

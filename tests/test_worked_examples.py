@@ -7,7 +7,7 @@ we assert the paper's value and record the seed's value as different.
 import torch
 
 from aiayn.nn.attention import MultiHeadAttention, attention, causal_mask
-from aiayn.nn.model import sinusoidal_positions
+from aiayn.nn.embeddings import sinusoidal_positions
 
 D64 = torch.float64
 

@@ -20,7 +20,8 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editor
         attention,
         self_attention_unparameterised,
     )
-    from aiayn.nn.model import AttentionMaps, KVCache, Memory, Transformer, sinusoidal_positions
+    from aiayn.nn.embeddings import sinusoidal_positions
+    from aiayn.nn.model import AttentionMaps, KVCache, Memory, Transformer
     from aiayn.nn.tracing import Trace, tracing
     from aiayn.nn.variants import DecoderLM, EncoderClassifier
     from aiayn.search.decode import beam_search, greedy_search, sample_search, search
@@ -41,7 +42,7 @@ _LAZY = {
     "KVCache": "aiayn.nn.model",
     "Memory": "aiayn.nn.model",
     "Transformer": "aiayn.nn.model",
-    "sinusoidal_positions": "aiayn.nn.model",
+    "sinusoidal_positions": "aiayn.nn.embeddings",
     "Trace": "aiayn.nn.tracing",
     "tracing": "aiayn.nn.tracing",
     "DecoderLM": "aiayn.nn.variants",

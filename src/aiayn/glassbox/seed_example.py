@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.nn.attention import MultiHeadAttention, attention
-from aiayn.nn.model import sinusoidal_positions
+from aiayn.nn.embeddings import sinusoidal_positions
 from aiayn.nn.tracing import tracing
 
 F64 = torch.float64

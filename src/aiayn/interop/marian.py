@@ -32,7 +32,8 @@ from torch import Tensor
 from aiayn.atomic import atomic_dir, atomic_write_json, check_new_dir, read_json_object
 from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, ModelConfig, to_dict
 from aiayn.errors import CheckpointError
-from aiayn.nn.model import Transformer, sinusoidal_positions
+from aiayn.nn.embeddings import sinusoidal_positions
+from aiayn.nn.model import Transformer
 from aiayn.search.limits import MAX_ALPHA
 from aiayn.store.model_dir import check_position_table, check_state_dict, save_model_dir
 from aiayn.text.tokenizer import MARIAN_FILES, MarianTokenizer, check_marian_vocab
@@ -45,14 +46,33 @@ Activation = Literal["relu", "swish"]
 ACTIVATIONS: dict[str, Activation] = {"swish": "swish", "silu": "swish", "relu": "relu"}  # HF's
 
 # HF's names inside one layer -> aiayn's (q/k/v are packed into in_proj separately).
-ENCODER_LAYER = {"self_attn.out_proj": "self_attn.out_proj", "self_attn_layer_norm": "norm1",
-                 "fc1": "ffn.w_1", "fc2": "ffn.w_2", "final_layer_norm": "norm2"}  # fmt: skip
-DECODER_LAYER = {"self_attn.out_proj": "self_attn.out_proj", "self_attn_layer_norm": "norm1",
-                 "encoder_attn.out_proj": "cross_attn.out_proj", "encoder_attn_layer_norm": "norm2",
-                 "fc1": "ffn.w_1", "fc2": "ffn.w_2", "final_layer_norm": "norm3"}  # fmt: skip
+ENCODER_LAYER = {
+    "self_attn.out_proj": "self_attn.out_proj",
+    "self_attn_layer_norm": "norm1",
+    "fc1": "ffn.w_1",
+    "fc2": "ffn.w_2",
+    "final_layer_norm": "norm2",
+}
+DECODER_LAYER = {
+    "self_attn.out_proj": "self_attn.out_proj",
+    "self_attn_layer_norm": "norm1",
+    "encoder_attn.out_proj": "cross_attn.out_proj",
+    "encoder_attn_layer_norm": "norm2",
+    "fc1": "ffn.w_1",
+    "fc2": "ffn.w_2",
+    "final_layer_norm": "norm3",
+}
 ATTENTION = {"self_attn": "self_attn", "encoder_attn": "cross_attn"}
-INT_KEYS = ("vocab_size", "d_model", "encoder_layers", "encoder_attention_heads", "encoder_ffn_dim",
-            "max_position_embeddings", "pad_token_id", "eos_token_id")  # fmt: skip
+INT_KEYS = (
+    "vocab_size",
+    "d_model",
+    "encoder_layers",
+    "encoder_attention_heads",
+    "encoder_ffn_dim",
+    "max_position_embeddings",
+    "pad_token_id",
+    "eos_token_id",
+)
 
 
 @dataclass(frozen=True)
@@ -85,29 +105,46 @@ def read_hf_config(hf_dir: Path) -> dict[str, Any]:
             "not a MarianMTModel"
         )
     refusals = [
-        (hf.get("activation_function", "gelu") not in ACTIVATIONS,
-         f"activation_function={hf.get('activation_function', 'gelu')!r}: aiayn's FFN has relu "
-         "or swish"),
-        (hf.get("encoder_layers") != hf.get("decoder_layers"),
-         f"encoder_layers={hf.get('encoder_layers')} but decoder_layers="
-         f"{hf.get('decoder_layers')}: aiayn has one n_layers for both stacks"),
-        (hf.get("encoder_attention_heads") != hf.get("decoder_attention_heads"),
-         "encoder_attention_heads != decoder_attention_heads: aiayn has one n_heads"),
-        (hf.get("encoder_ffn_dim") != hf.get("decoder_ffn_dim"),
-         "encoder_ffn_dim != decoder_ffn_dim: aiayn has one d_ff"),
-        (not hf.get("scale_embedding", False),
-         "scale_embedding=false: aiayn always scales embeddings by sqrt(d_model) (§3.4)"),
-        (hf.get("decoder_vocab_size") not in (None, hf.get("vocab_size")),
-         f"decoder_vocab_size={hf.get('decoder_vocab_size')} != vocab_size="
-         f"{hf.get('vocab_size')}: aiayn has one vocabulary for both sides"),
-        (hf.get("decoder_start_token_id", hf.get("pad_token_id")) != hf.get("pad_token_id"),
-         f"decoder_start_token_id={hf.get('decoder_start_token_id')} is not pad_token_id="
-         f"{hf.get('pad_token_id')}: aiayn's Marian tokenizer starts decoding from PAD"),
+        (
+            hf.get("activation_function", "gelu") not in ACTIVATIONS,
+            f"activation_function={hf.get('activation_function', 'gelu')!r}: aiayn's FFN has relu "
+            "or swish",
+        ),
+        (
+            hf.get("encoder_layers") != hf.get("decoder_layers"),
+            f"encoder_layers={hf.get('encoder_layers')} but decoder_layers="
+            f"{hf.get('decoder_layers')}: aiayn has one n_layers for both stacks",
+        ),
+        (
+            hf.get("encoder_attention_heads") != hf.get("decoder_attention_heads"),
+            "encoder_attention_heads != decoder_attention_heads: aiayn has one n_heads",
+        ),
+        (
+            hf.get("encoder_ffn_dim") != hf.get("decoder_ffn_dim"),
+            "encoder_ffn_dim != decoder_ffn_dim: aiayn has one d_ff",
+        ),
+        (
+            not hf.get("scale_embedding", False),
+            "scale_embedding=false: aiayn always scales embeddings by sqrt(d_model) (§3.4)",
+        ),
+        (
+            hf.get("decoder_vocab_size") not in (None, hf.get("vocab_size")),
+            f"decoder_vocab_size={hf.get('decoder_vocab_size')} != vocab_size="
+            f"{hf.get('vocab_size')}: aiayn has one vocabulary for both sides",
+        ),
+        (
+            hf.get("decoder_start_token_id", hf.get("pad_token_id")) != hf.get("pad_token_id"),
+            f"decoder_start_token_id={hf.get('decoder_start_token_id')} is not pad_token_id="
+            f"{hf.get('pad_token_id')}: aiayn's Marian tokenizer starts decoding from PAD",
+        ),
     ] + [  # leftovers of BART's config in old conversions; HF's Marian code ignores them
-        (bool(hf.get(key)), f"{key}=true: HF's MarianMTModel is post-LN without it, so these "
-         "weights would not compute what they were trained for")
+        (
+            bool(hf.get(key)),
+            f"{key}=true: HF's MarianMTModel is post-LN without it, so these "
+            "weights would not compute what they were trained for",
+        )
         for key in ("normalize_before", "add_final_layer_norm", "normalize_embedding")
-    ]  # fmt: skip
+    ]
     for refused, why in refusals:
         if refused:
             raise CheckpointError(f"{hf_dir}/config.json: {why}")
@@ -173,8 +210,10 @@ def read_tokenizer(hf_dir: Path, hf: dict[str, Any]) -> MarianTokenizer:
         )
     source, target = ((hf_dir / name).read_bytes() for name in MARIAN_FILES[:2])
     tok = MarianTokenizer(source, target, vocab)
-    for key, piece, got in (("pad_token_id", "<pad>", tok.pad_id),
-                            ("eos_token_id", "</s>", tok.eos_id)):  # fmt: skip
+    for key, piece, got in (
+        ("pad_token_id", "<pad>", tok.pad_id),
+        ("eos_token_id", "</s>", tok.eos_id),
+    ):
         if hf[key] != got:
             raise CheckpointError(
                 f"{hf_dir}: config.json says {key}={hf[key]} but vocab.json has {piece} = {got}"
@@ -269,8 +308,10 @@ def _layer(hf: dict[str, Tensor], cfg: ModelConfig, stack: str, i: int, where: P
         if stack == "encoder" and theirs == "encoder_attn":
             continue
         for kind, shape in (("weight", (D, D)), ("bias", (D,))):
-            qkv = [_take(hf, f"model.{stack}.layers.{i}.{theirs}.{p}_proj.{kind}", shape, where)
-                   for p in "qkv"]  # fmt: skip
+            qkv = [
+                _take(hf, f"model.{stack}.layers.{i}.{theirs}.{p}_proj.{kind}", shape, where)
+                for p in "qkv"
+            ]
             out[f"{stack}.layers.{i}.{ours}.in_proj.{kind}"] = torch.cat(qkv)  # [W^Q; W^K; W^V]
     return out
 
@@ -315,8 +356,11 @@ def decode_config(hf: dict[str, Any], generation: dict[str, Any]) -> DecodeConfi
         log.warning("bad_words_ids %s: aiayn bans PAD only; the others can be emitted", bad)
     alpha = settings.get("length_penalty", 1.0)
     if not isinstance(alpha, int | float) or not 0 <= alpha <= MAX_ALPHA:
-        log.warning("length_penalty %r is outside aiayn's [0, %g]: alpha 1.0 (HF's default) "
-                    "is used", alpha, MAX_ALPHA)  # fmt: skip
+        log.warning(
+            "length_penalty %r is outside aiayn's [0, %g]: alpha 1.0 (HF's default) is used",
+            alpha,
+            MAX_ALPHA,
+        )
         alpha = 1.0
     return DecodeConfig(
         beam_size=int(settings.get("num_beams") or 1),
@@ -364,9 +408,13 @@ def import_marian(hf_dir: str | Path, out: str | Path) -> Imported:
     run_config = {
         "model": to_dict(cfg),
         "decode": to_dict(decode),
-        "imported": {"from": "marian", "directory": hf_dir.resolve().name,
-                     "source_lang": src_lang, "target_lang": tgt_lang},
-    }  # fmt: skip
+        "imported": {
+            "from": "marian",
+            "directory": hf_dir.resolve().name,
+            "source_lang": src_lang,
+            "target_lang": tgt_lang,
+        },
+    }
     with atomic_dir(out) as tmp:
         save_model_dir(model, tmp)
         tok.save(tmp)

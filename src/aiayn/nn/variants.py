@@ -11,7 +11,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
-from aiayn.nn.model import Embeddings, Encoder, Transformer, _ModelBase
+from aiayn.nn.embeddings import Embeddings
+from aiayn.nn.model import Encoder, Transformer, _ModelBase
 from aiayn.runtime.kernels import Linear
 
 

@@ -22,7 +22,8 @@ from safetensors.torch import save as st_save
 from aiayn.atomic import atomic_write_bytes, atomic_write_json, read_json_object
 from aiayn.config import ModelConfig, from_dict, to_dict
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.nn.model import _ModelBase, position_table_bytes
+from aiayn.nn.embeddings import position_table_bytes
+from aiayn.nn.model import _ModelBase
 from aiayn.nn.variants import MODEL_CLASSES
 from aiayn.runtime.device import require_memory
 
