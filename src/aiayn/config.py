@@ -328,8 +328,10 @@ def find_config(name_or_path: str | Path) -> Path:
         builtin = BUILTIN_CONFIGS_DIR / f"{path.stem}.toml"
         if builtin.is_file():
             return builtin
-    raise ConfigError(f"config file not found: {path} (the built-in recipes, by name: "
-                      f"{', '.join(builtin_configs())})")  # fmt: skip
+    raise ConfigError(
+        f"config file not found: {path} (the built-in recipes, by name: "
+        f"{', '.join(builtin_configs())})"
+    )
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:

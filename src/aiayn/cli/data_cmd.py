@@ -13,8 +13,13 @@ from aiayn.errors import AiaynError
 def add_info(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="describe a preset or a model directory (sizes, parameters)")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("model_dir", nargs="?", type=Path, metavar="MODEL",
-                   help="a model directory or export (the same as --model)")  # fmt: skip
+    g.add_argument(
+        "model_dir",
+        nargs="?",
+        type=Path,
+        metavar="MODEL",
+        help="a model directory or export (the same as --model)",
+    )
     g.add_argument("--preset", help="a ModelConfig preset, e.g. paper_base")
     g.add_argument("--model", type=Path, help="a model directory or export")
     p.add_argument("--vocab-size", type=int, default=37000, help="with --preset (default 37000)")
@@ -31,8 +36,10 @@ def run_info(args: argparse.Namespace) -> int:
     if args.model_dir is not None and not args.model_dir.exists():
         name = str(args.model_dir)  # `aiayn info paper_base`: the help says "a preset or a model"
         if name not in MODEL_PRESETS:
-            raise AiaynError(f"{name}: no such model directory, nor a preset "
-                             f"({', '.join(sorted(MODEL_PRESETS))})")  # fmt: skip
+            raise AiaynError(
+                f"{name}: no such model directory, nor a preset "
+                f"({', '.join(sorted(MODEL_PRESETS))})"
+            )
         args.preset, args.model = name, None
     opened = None if args.model is None else ModelDir.open(args.model)
     # what `aiayn translate --model` searches with when no flag is given
@@ -116,11 +123,17 @@ def add_data_check(data_sub: argparse._SubParsersAction) -> None:
     for split in ("valid", "test"):
         c.add_argument(f"--{split}-src", type=Path, help=f"{split} source: checked for overlap")
         c.add_argument(f"--{split}-tgt", type=Path, help=f"{split} target")
-    c.add_argument("--max-chars", type=int, default=1000, help="a longer side is over-long "
-                   "(default 1000)")  # fmt: skip
+    c.add_argument(
+        "--max-chars", type=int, default=1000, help="a longer side is over-long (default 1000)"
+    )
     c.add_argument("--json", action="store_true", help="print one JSON object")
-    c.add_argument("--write", type=Path, metavar="DIR", help="write the cleaned training pairs "
-                   "into DIR (new or empty), under the training files' names")  # fmt: skip
+    c.add_argument(
+        "--write",
+        type=Path,
+        metavar="DIR",
+        help="write the cleaned training pairs "
+        "into DIR (new or empty), under the training files' names",
+    )
 
 
 def run_data_check(args: argparse.Namespace) -> int:
@@ -145,14 +158,20 @@ def run_data_check(args: argparse.Namespace) -> int:
         print(json.dumps({**report.to_json(), **({"written": written} if written else {})}))
         return 0
     langs = report.languages
-    print(f"{report.pairs} training pairs ({langs['src'] or '?'} -> {langs['tgt'] or '?'}): "
-          f"{report.summary()}")  # fmt: skip
+    print(
+        f"{report.pairs} training pairs ({langs['src'] or '?'} -> {langs['tgt'] or '?'}): "
+        f"{report.summary()}"
+    )
     for kind, n in report.counts.items():
         if n:
             ex = report.examples[kind][0]
-            print(f"  {kind:16} {n:8d}   e.g. {ex['file']} line {ex['line']}: "
-                  f"{ex['src'][:60]!r} ||| {ex['tgt'][:60]!r}")  # fmt: skip
+            print(
+                f"  {kind:16} {n:8d}   e.g. {ex['file']} line {ex['line']}: "
+                f"{ex['src'][:60]!r} ||| {ex['tgt'][:60]!r}"
+            )
     if written:
-        print(f"wrote {written['kept']} pairs ({written['dropped']} dropped) to "
-              f"{written['src']} and {written['tgt']}")  # fmt: skip
+        print(
+            f"wrote {written['kept']} pairs ({written['dropped']} dropped) to "
+            f"{written['src']} and {written['tgt']}"
+        )
     return 0

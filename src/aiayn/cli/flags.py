@@ -19,36 +19,48 @@ if TYPE_CHECKING:  # imported lazily at run time: `aiayn --help` stays fast
 
 def add_device_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--device", default="auto",
+        "--device",
+        default="auto",
         help="auto | cpu | cuda | cuda:N | mps (default auto: a GPU if there is one, else CPU)",
-    )  # fmt: skip
+    )
 
 
 def add_dtype_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--dtype", choices=("auto", "fp32", "bf16"), default="auto",
+        "--dtype",
+        choices=("auto", "fp32", "bf16"),
+        default="auto",
         help="arithmetic: auto = bf16 on a GPU with native bf16, else fp32 (docs/decoding.md)",
-    )  # fmt: skip
+    )
 
 
 def add_search_flags(p: argparse.ArgumentParser) -> None:
     # Search flags default to None: "the model's own settings", i.e. the [decode] table of the
     # run that made it (docs/decoding.md), falling back to the paper's beam 4, alpha 0.6.
     p.add_argument(
-        "--model", type=Path, required=True,
+        "--model",
+        type=Path,
+        required=True,
         help="a model directory (aiayn train), or one written by aiayn export (runs in its engine)",
-    )  # fmt: skip
+    )
     p.add_argument("--beam", type=int, help="beam size; 1 = greedy (default: the model's, or 4)")
     add_length_penalty_flags(p)
     p.add_argument("--min-len", type=int, help="no EOS before this many tokens (default 0)")
     p.add_argument("--max-len-a", type=float, help="max length = a * src_len + b (default 1.0)")
     p.add_argument("--max-len-b", type=int, help="(default 50)")
-    p.add_argument("--max-tokens", type=int, help="at most this many output tokens per sentence "
-                   "(default 0: the model's max_len)")  # fmt: skip
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        help="at most this many output tokens per sentence (default 0: the model's max_len)",
+    )
     add_sampling_flags(p, "--top-k", "sample instead of searching")
     p.add_argument("--batch-tokens", type=int, default=2048, help="source tokens per batch")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch (or the export's engine) threads; 0 = its default")  # fmt: skip
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch (or the export's engine) threads; 0 = its default",
+    )
     add_device_flag(p)
     add_dtype_flag(p)
 
@@ -56,10 +68,13 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
 def add_length_penalty_flags(p: argparse.ArgumentParser) -> None:
     """--alpha and --length-penalty, which translate, evaluate and explain share."""
     p.add_argument("--alpha", type=float, help="length penalty α (default: the model's, or 0.6)")
-    p.add_argument("--length-penalty", choices=("gnmt", "power"),
-                   help="a finished hypothesis's log-probability is divided by ((5 + |Y|) / 6) "
-                        "** α (gnmt, the paper's) or |Y| ** α (power: fairseq's --lenpen, "
-                        "Hugging Face, CTranslate2); default: the model's, or gnmt")  # fmt: skip
+    p.add_argument(
+        "--length-penalty",
+        choices=("gnmt", "power"),
+        help="a finished hypothesis's log-probability is divided by ((5 + |Y|) / 6) "
+        "** α (gnmt, the paper's) or |Y| ** α (power: fairseq's --lenpen, "
+        "Hugging Face, CTranslate2); default: the model's, or gnmt",
+    )
 
 
 def add_sampling_flags(p: argparse.ArgumentParser, top_k_flag: str, sample_help: str) -> None:
@@ -69,8 +84,9 @@ def add_sampling_flags(p: argparse.ArgumentParser, top_k_flag: str, sample_help:
     p.add_argument("--temperature", type=float, help="with --sample (default 1.0)")
     p.add_argument(top_k_flag, type=int, help="with --sample; 0 = off (default)")
     p.add_argument("--top-p", type=float, help="with --sample; 1.0 = off (default)")
-    p.add_argument("--seed", type=int, help="with --sample (default 0); line n samples from "
-                   "(seed, n)")  # fmt: skip
+    p.add_argument(
+        "--seed", type=int, help="with --sample (default 0); line n samples from (seed, n)"
+    )
 
 
 def given_search_settings(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, Any]:
@@ -84,11 +100,19 @@ def given_search_settings(args: argparse.Namespace, flags: dict[str, str]) -> di
 
 
 SEARCH_FLAGS = {  # DecodeConfig field -> argparse dest
-    "beam_size": "beam", "alpha": "alpha", "length_penalty": "length_penalty",
-    "min_len": "min_len", "max_len_a": "max_len_a",
-    "max_len_b": "max_len_b", "max_tokens": "max_tokens", "nbest": "nbest",
-    "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "seed": "seed",
-}  # fmt: skip
+    "beam_size": "beam",
+    "alpha": "alpha",
+    "length_penalty": "length_penalty",
+    "min_len": "min_len",
+    "max_len_a": "max_len_a",
+    "max_len_b": "max_len_b",
+    "max_tokens": "max_tokens",
+    "nbest": "nbest",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "seed": "seed",
+}
 
 
 def decode_setup(args: argparse.Namespace) -> tuple[Translator, DecodeConfig]:
@@ -111,8 +135,9 @@ def decode_setup(args: argparse.Namespace) -> tuple[Translator, DecodeConfig]:
     set_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="aiayn: %(message)s")  # show warnings
     if opened.is_export:  # CTranslate2 or ONNX Runtime runs it (docs/export.md)
-        translator = load_translator(opened, cfg, device=args.device, dtype=args.dtype,
-                                     threads=args.threads)  # fmt: skip
+        translator = load_translator(
+            opened, cfg, device=args.device, dtype=args.dtype, threads=args.threads
+        )
         return translator, cfg
     return Translator.load(opened, cfg, device=args.device, dtype=args.dtype), cfg
 

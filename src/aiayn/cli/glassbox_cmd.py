@@ -35,8 +35,12 @@ def add_explain(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="replay the tutorials' worked example (docs/worked_example.md); no model needed",
     )
-    p.add_argument("--format", choices=("text", "json", "html"), default="text",
-                   help="text, json or html (--seed-example: text or json)")  # fmt: skip
+    p.add_argument(
+        "--format",
+        choices=("text", "json", "html"),
+        default="text",
+        help="text, json or html (--seed-example: text or json)",
+    )
     p.add_argument("--out", type=Path, help="write to this file instead of stdout")
     p.add_argument("--layers", help="layers to show, counted from 0: '0,2' or '0-1' (default all)")
     p.add_argument("--heads", help="heads to show, counted from 1: '1,3' (default all)")
@@ -48,19 +52,27 @@ def add_explain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-len", type=int, help="no EOS before this many tokens (default 0)")
     p.add_argument("--beam", type=int, default=0, help="also trace beam search of this size")
     add_length_penalty_flags(p)
-    p.add_argument("--max-trace-numbers", type=int, default=MAX_TRACE_NUMBERS,
-                   help="most numbers the trace may hold, and the --beam trace apart, a "
-                        "token of its counted as 20 (default %(default)s: ~400 MB; a "
-                        "paper_base model explains ~150 tokens in and out in full)")  # fmt: skip
+    p.add_argument(
+        "--max-trace-numbers",
+        type=int,
+        default=MAX_TRACE_NUMBERS,
+        help="most numbers the trace may hold, and the --beam trace apart, a "
+        "token of its counted as 20 (default %(default)s: ~400 MB; a "
+        "paper_base model explains ~150 tokens in and out in full)",
+    )
     add_sampling_flags(p, "--sample-top-k", "trace sampling instead of greedy")
     add_device_flag(p)
 
 
 _EXPLAIN_SEARCH_FLAGS = {  # DecodeConfig field -> argparse dest
-    "alpha": "alpha", "length_penalty": "length_penalty", "min_len": "min_len",
+    "alpha": "alpha",
+    "length_penalty": "length_penalty",
+    "min_len": "min_len",
     "temperature": "temperature",
-    "top_k": "sample_top_k", "top_p": "top_p", "seed": "seed",
-}  # fmt: skip
+    "top_k": "sample_top_k",
+    "top_p": "top_p",
+    "seed": "seed",
+}
 
 
 def run_explain(args: argparse.Namespace) -> int:
@@ -72,8 +84,9 @@ def run_explain(args: argparse.Namespace) -> int:
 
     if args.seed_example:
         if args.format == "html":
-            raise AiaynError("--seed-example prints text or json (the page of `aiayn serve` "
-                             "shows it too)")  # fmt: skip
+            raise AiaynError(
+                "--seed-example prints text or json (the page of `aiayn serve` shows it too)"
+            )
         report = seed_example_text()
         if args.format == "json":
             report = json.dumps(seed_example_json(), ensure_ascii=False, allow_nan=False) + "\n"
@@ -94,10 +107,18 @@ def run_explain(args: argparse.Namespace) -> int:
         if not 1 <= args.max_trace_numbers <= MAX_FLAG:
             raise AiaynError(f"--max-trace-numbers must be in [1, {MAX_FLAG:,}]")
         try:
-            report = explain_report(str(args.model), args.sentence, fmt=args.format, view=view,
-                                    top_k=args.top_k, max_len=args.max_len, beam=args.beam,
-                                    device=args.device, overrides=overrides,
-                                    max_numel=args.max_trace_numbers)  # fmt: skip
+            report = explain_report(
+                str(args.model),
+                args.sentence,
+                fmt=args.format,
+                view=view,
+                top_k=args.top_k,
+                max_len=args.max_len,
+                beam=args.beam,
+                device=args.device,
+                overrides=overrides,
+                max_numel=args.max_trace_numbers,
+            )
         except BeamTraceTooLargeError:
             raise AiaynError(
                 f"the beam search's trace would hold more than {args.max_trace_numbers:,} "
@@ -186,8 +207,12 @@ def run_attend(args: argparse.Namespace) -> int:
 def add_plot_log(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plot-log", help="training curves (loss, perplexity, lr, BLEU) as PNG")
     p.add_argument("run_dir", type=Path, help="a training run directory (or its metrics.jsonl)")
-    p.add_argument("--out", type=Path, help="image path, its format from the suffix: .png, "
-                   ".svg, .pdf, ... (default RUN_DIR/curves.png)")  # fmt: skip
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="image path, its format from the suffix: .png, "
+        ".svg, .pdf, ... (default RUN_DIR/curves.png)",
+    )
 
 
 def run_plot_log(args: argparse.Namespace) -> int:

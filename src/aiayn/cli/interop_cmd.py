@@ -17,8 +17,9 @@ def add_import(sub: argparse._SubParsersAction) -> None:
         "attend, average and train (train.init_from) accept. Nothing is downloaded.",
     )
     m.add_argument("hf_dir", type=Path, metavar="HF_DIR", help="the Hugging Face directory")
-    m.add_argument("--out", type=Path, required=True, help="new model directory (must not exist "
-                   "or be empty)")  # fmt: skip
+    m.add_argument(
+        "--out", type=Path, required=True, help="new model directory (must not exist or be empty)"
+    )
 
 
 def run_import(args: argparse.Namespace) -> int:
@@ -48,9 +49,11 @@ def add_export(sub: argparse._SubParsersAction) -> None:
         help="a CTranslate2 model (+ tokenizer); translate/evaluate --model OUT run it",
     )
     c.add_argument(
-        "--quantization", choices=("float32", "int8", "int16", "bfloat16"), default="float32",
+        "--quantization",
+        choices=("float32", "int8", "int16", "bfloat16"),
+        default="float32",
         help="weight type (default float32; int8 is the fast one on a CPU)",
-    )  # fmt: skip
+    )
     o = engines.add_parser(
         "onnx", help="encoder + decoder-with-past ONNX graphs; translate/evaluate run them"
     )

@@ -104,8 +104,9 @@ def run_quickstart(
     data_dir, model_dir = out / "data", out / "model"
     n_valid = min(1000, max(100, n_test))
     # the quick start's own corpus: a rerun replaces it
-    write_corpus(data_dir, "numbers", "en", "de", n_train, n_valid, n_test, seed=seed,
-                 overwrite=True)  # fmt: skip
+    write_corpus(
+        data_dir, "numbers", "en", "de", n_train, n_valid, n_test, seed=seed, overwrite=True
+    )
     log.info(
         "corpus: %d train / %d valid / %d test pairs in %s", n_train, n_valid, n_test, data_dir
     )
@@ -168,9 +169,11 @@ def _draw_showcase(translator: Translator, picture: Path) -> Path:
     example = attention_for_translations(translator.model, translator.tokenizer, [SHOWCASE])[0]
     rows, cols = example.labels("cross")
     fig = plot_attention_grid(
-        example.maps["cross"], rows, cols,
+        example.maps["cross"],
+        rows,
+        cols,
         f"cross-attention: {SHOWCASE!r} -> {translator.translate([SHOWCASE])[0]!r}",
-    )  # fmt: skip
+    )
     write_figure(fig, picture, dpi=110)
     return picture
 

@@ -18,11 +18,15 @@ def add_train(sub: argparse._SubParsersAction) -> None:
         "train",
         help="train (or resume) a translation model into train.out_dir; torchrun-aware",
     )
-    p.add_argument("--config", type=Path, default=Path(DEFAULT_CONFIG),
-                   help="a TOML file, or a built-in recipe by name: "
-                        + ", ".join(builtin_configs())
-                        + f" (default {DEFAULT_CONFIG}: your corpus in train.max_minutes, "
-                          "docs/training.md)")  # fmt: skip
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=Path(DEFAULT_CONFIG),
+        help="a TOML file, or a built-in recipe by name: "
+        + ", ".join(builtin_configs())
+        + f" (default {DEFAULT_CONFIG}: your corpus in train.max_minutes, "
+        "docs/training.md)",
+    )
     p.add_argument(
         "--set",
         dest="overrides",
@@ -79,8 +83,10 @@ def run_average(args: argparse.Namespace) -> int:
         if not args.run.is_dir():
             raise CheckpointError(f"run directory not found: {args.run}")
         if args.run.name == CHECKPOINTS_DIR and not (args.run / CHECKPOINTS_DIR).exists():
-            raise CheckpointError(f"--run {args.run} is a run's checkpoints directory; give the "
-                                  f"run directory it is in, {args.run.parent}")  # fmt: skip
+            raise CheckpointError(
+                f"--run {args.run} is a run's checkpoints directory; give the "
+                f"run directory it is in, {args.run.parent}"
+            )
         found = list_checkpoints(args.run)
         if len(found) < args.last:
             raise CheckpointError(f"{args.run} has {len(found)} checkpoints, --last {args.last}")

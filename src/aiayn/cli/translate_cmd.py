@@ -20,9 +20,13 @@ def add_translate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input", type=Path, help="UTF-8 text, one sentence per line (default stdin)")
     p.add_argument("--output", type=Path, help="default stdout; a file is replaced atomically")
     p.add_argument("--nbest", type=int, help="N best per line, 'i ||| text ||| score'")
-    p.add_argument("--buffer-size", type=int, default=0,
-                   help="lines per sorted batch group (default 0: 1024, or 1 when typing at a "
-                        "terminal, so each line is answered as it is entered)")  # fmt: skip
+    p.add_argument(
+        "--buffer-size",
+        type=int,
+        default=0,
+        help="lines per sorted batch group (default 0: 1024, or 1 when typing at a "
+        "terminal, so each line is answered as it is entered)",
+    )
 
 
 def run_translate(args: argparse.Namespace) -> int:
@@ -40,8 +44,9 @@ def run_translate(args: argparse.Namespace) -> int:
         if args.output.is_dir():
             raise AiaynError(f"--output {args.output} is a directory; give a file name")
     if args.buffer_size < 0:
-        raise AiaynError(f"--buffer-size must be >= 0 (0 = 1024, or 1 on a terminal), got "
-                         f"{args.buffer_size}")  # fmt: skip
+        raise AiaynError(
+            f"--buffer-size must be >= 0 (0 = 1024, or 1 on a terminal), got {args.buffer_size}"
+        )
     translator, cfg = decode_setup(args)
     interactive = args.input is None and sys.stdin.isatty()
     buffer_size = args.buffer_size or (1 if interactive else 1024)
@@ -68,17 +73,22 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
         "model's α (docs/decoding.md)",
     )
     p.add_argument(
-        "--confidence", action="store_true",
+        "--confidence",
+        action="store_true",
         help="also the 95%% confidence interval of BLEU and chrF: how far they would move on "
         "another test set like this one (bootstrap: 1,000 resamples of the sentences)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--compare", type=Path, action="append", default=[], metavar="HYPS",
+        "--compare",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="HYPS",
         help="another system's translations of --src, one line each (e.g. an earlier --hyps): "
         "is this model's difference from it more than chance? (paired approximate "
         "randomization, 10,000 trials; p < 0.05: unlikely to be chance); repeatable, at most "
         "10; implies --confidence",
-    )  # fmt: skip
+    )
 
 
 # Each α beam-searches the whole --src file once: a grid of a few values is what §6.1 did.
@@ -116,16 +126,20 @@ def run_alpha_sweep(args: argparse.Namespace) -> int:
     if args.alpha is not None or args.hyps is not None:
         raise AiaynError("--alphas chooses alpha itself: leave out --alpha and --hyps")
     if args.confidence or args.compare:
-        raise AiaynError("--alphas scores one search per alpha: leave out --confidence and "
-                         "--compare (evaluate the chosen alpha with them)")  # fmt: skip
+        raise AiaynError(
+            "--alphas scores one search per alpha: leave out --confidence and "
+            "--compare (evaluate the chosen alpha with them)"
+        )
     src, refs = read_test_set(args.src, args.ref)
     translator, cfg = decode_setup(args)
     rows = sweep_alpha(translator, cfg, src, refs, alphas, batch_tokens=args.batch_tokens)
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'alpha':>6} {'BLEU':>6} {'p':>6} {'chrF':>6} {'length ratio':>12} {'BP':>5}   "
-          f"(beam {cfg.beam_size}, {cfg.length_penalty} length penalty)")  # fmt: skip
+    print(
+        f"{'alpha':>6} {'BLEU':>6} {'p':>6} {'chrF':>6} {'length ratio':>12} {'BP':>5}   "
+        f"(beam {cfg.beam_size}, {cfg.length_penalty} length penalty)"
+    )
     for r in rows:
         p = "-" if r["bleu_p_value"] is None else f"{r['bleu_p_value']:.3f}"
         marks = [m for m, on in (("the model's", r["current"]), ("<- best", r["best"])) if on]
@@ -134,9 +148,11 @@ def run_alpha_sweep(args: argparse.Namespace) -> int:
             f"{r['length_ratio']:12.3f} {r['brevity_penalty']:5.3f}  {' '.join(marks)}".rstrip()
         )
     others = max(len(rows) - 1, 1)
-    print("p: paired approximate randomization against the model's alpha (10,000 trials); "
-          f"the best moves from it only below {SIGNIFICANCE_LEVEL:g} / {others} other "
-          f"alphas = {SIGNIFICANCE_LEVEL / others:.3g}")  # fmt: skip
+    print(
+        "p: paired approximate randomization against the model's alpha (10,000 trials); "
+        f"the best moves from it only below {SIGNIFICANCE_LEVEL:g} / {others} other "
+        f"alphas = {SIGNIFICANCE_LEVEL / others:.3g}"
+    )
     print(sweep_advice(rows, cfg.length_penalty))
     return 0
 
@@ -190,15 +206,21 @@ def print_significance(result: dict[str, Any]) -> None:
     width = max(len(r["name"]) for r in rows)
     print(f"{'':{width}} {'BLEU':>6} {'±95%':>5} {'p':>7}  {'chrF2':>6} {'±95%':>5} {'p':>7}")
     for r in rows:
-        cells = [f"{r[k]['score']:6.2f} {r[k]['ci95']:5.2f} "
-                 + (f"{r[k]['p_value']:7.4f}" if "p_value" in r[k] else f"{'-':>7}")
-                 for k in ("bleu", "chrf")]  # fmt: skip
+        cells = [
+            f"{r[k]['score']:6.2f} {r[k]['ci95']:5.2f} "
+            + (f"{r[k]['p_value']:7.4f}" if "p_value" in r[k] else f"{'-':>7}")
+            for k in ("bleu", "chrf")
+        ]
         print(f"{r['name']:{width}} {cells[0]}  {cells[1]}")
-    print(f"±95%: half the 95% interval by bootstrap ({result['bootstrap_resamples']:,} "
-          f"resamples of the sentences, seed {result['seed']})")  # fmt: skip
+    print(
+        f"±95%: half the 95% interval by bootstrap ({result['bootstrap_resamples']:,} "
+        f"resamples of the sentences, seed {result['seed']})"
+    )
     if result["test"]:
-        print(f"p: {result['test']} against the first row ({result['trials']:,} trials); "
-              "below 0.05, the difference is unlikely to be chance")  # fmt: skip
+        print(
+            f"p: {result['test']} against the first row ({result['trials']:,} trials); "
+            "below 0.05, the difference is unlikely to be chance"
+        )
 
 
 def run_evaluate(args: argparse.Namespace) -> int:

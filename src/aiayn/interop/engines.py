@@ -177,9 +177,13 @@ def load_translator(
     compute = {"auto": "default", "fp32": "float32", "bf16": "bfloat16"}[dtype]
     try:
         engine = ct2.Translator(
-            str(directory), device=kind, device_index=index, compute_type=compute,
-            inter_threads=1, intra_threads=threads,
-        )  # fmt: skip
+            str(directory),
+            device=kind,
+            device_index=index,
+            compute_type=compute,
+            inter_threads=1,
+            intra_threads=threads,
+        )
     except (RuntimeError, ValueError) as e:
         raise CheckpointError(f"CTranslate2 cannot load {directory}: {e}") from None
     return Ct2Translator(Ct2Model(engine, model_cfg, vocabulary(tok, model_cfg)), tok, cfg)

@@ -47,13 +47,27 @@ QUANTIZATIONS = ("float32", "int8", "int16", "bfloat16")
 # ModelConfig fields and the values a CTranslate2 TransformerSpec can express. A field that is
 # not listed here (a new model option) is refused by name rather than silently dropped.
 _EXPRESSIBLE: dict[str, tuple[Any, ...] | None] = {  # None: any value
-    "vocab_size": None, "d_model": None, "n_heads": None, "n_layers": None, "d_ff": None,
-    "dropout": None, "attn_dropout": None, "init": None,  # training only
-    "max_len": None, "positional": ("sinusoidal", "learned"), "norm_first": (False, True),
-    "layer_norm_eps": None, "share_embeddings": (False, True), "tie_output": (False, True),
-    "activation": ("relu", "swish"), "positional_layout": ("interleaved", "halves"),
-    "logits_bias": (False, True), "pad_id": None, "bos_id": None, "eos_id": None,
-}  # fmt: skip
+    "vocab_size": None,
+    "d_model": None,
+    "n_heads": None,
+    "n_layers": None,
+    "d_ff": None,
+    "dropout": None,
+    "attn_dropout": None,
+    "init": None,  # training only
+    "max_len": None,
+    "positional": ("sinusoidal", "learned"),
+    "norm_first": (False, True),
+    "layer_norm_eps": None,
+    "share_embeddings": (False, True),
+    "tie_output": (False, True),
+    "activation": ("relu", "swish"),
+    "positional_layout": ("interleaved", "halves"),
+    "logits_bias": (False, True),
+    "pad_id": None,
+    "bos_id": None,
+    "eos_id": None,
+}
 
 
 def import_ctranslate2() -> Any:
@@ -93,8 +107,9 @@ def vocabulary(tok: Tokenizer, cfg: ModelConfig) -> list[str]:
     pieces = tok.pieces(range(tok.vocab_size))
     if len(set(pieces)) != len(pieces):
         dup = next(p for i, p in enumerate(pieces) if p in pieces[:i])
-        raise ConfigError(f"the vocabulary holds the piece {dup!r} twice; CTranslate2 needs "
-                          "unique token strings")  # fmt: skip
+        raise ConfigError(
+            f"the vocabulary holds the piece {dup!r} twice; CTranslate2 needs unique token strings"
+        )
     return pieces
 
 
@@ -213,8 +228,13 @@ def export_ctranslate2(model_dir: Path, out: Path, quantization: str = "float32"
         spec.save(str(tmp))
         tok.save(tmp)
         write_export_meta(
-            tmp, engine="ctranslate2", quantization=quantization, model_cfg=model.cfg,
-            decode=decode, source=model_dir, files={"model": "model.bin"},
+            tmp,
+            engine="ctranslate2",
+            quantization=quantization,
+            model_cfg=model.cfg,
+            decode=decode,
+            source=model_dir,
+            files={"model": "model.bin"},
             versions={"ctranslate2": ct2.__version__},
-        )  # fmt: skip
+        )
     return out

@@ -127,9 +127,16 @@ def _export(module: nn.Module, args: tuple[Any, ...], path: Path, **kw: Any) -> 
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         torch.onnx.export(
-            module, args, str(path), dynamo=True, opset_version=OPSET, verbose=False,
-            external_data=False, optimize=True, **kw,
-        )  # fmt: skip
+            module,
+            args,
+            str(path),
+            dynamo=True,
+            opset_version=OPSET,
+            verbose=False,
+            external_data=False,
+            optimize=True,
+            **kw,
+        )
 
 
 def export_graphs(model: Transformer, directory: Path) -> None:
@@ -145,25 +152,49 @@ def export_graphs(model: Transformer, directory: Path) -> None:
     src_BS[1, -1] = cfg.pad_id
     model = model.eval()
     _export(
-        EncoderGraph(model), (src_BS,), directory / ENCODER_FILE,
+        EncoderGraph(model),
+        (src_BS,),
+        directory / ENCODER_FILE,
         input_names=["src_ids"],
         output_names=["memory", "keep", *_names("cross_k", L), *_names("cross_v", L)],
         dynamic_shapes=({0: batch, 1: src_len},),
-    )  # fmt: skip
+    )
     # Distinct tensors for every input: the exporter treats one tensor passed twice as one input.
     cross_k, cross_v = ([torch.zeros(B, H, S, K) for _ in range(L)] for _ in range(2))
     past_k, past_v = ([torch.zeros(B, H, P, K) for _ in range(L)] for _ in range(2))
-    args = (torch.full((B, 1), cfg.bos_id), torch.tensor([P]), src_BS != cfg.pad_id,
-            cross_k, cross_v, past_k, past_v)  # fmt: skip
+    args = (
+        torch.full((B, 1), cfg.bos_id),
+        torch.tensor([P]),
+        src_BS != cfg.pad_id,
+        cross_k,
+        cross_v,
+        past_k,
+        past_v,
+    )
     _export(
-        DecoderStepGraph(model), args, directory / DECODER_FILE,
-        input_names=["tokens", "position", "keep", *_names("cross_k", L), *_names("cross_v", L),
-                     *_names("past_k", L), *_names("past_v", L)],
+        DecoderStepGraph(model),
+        args,
+        directory / DECODER_FILE,
+        input_names=[
+            "tokens",
+            "position",
+            "keep",
+            *_names("cross_k", L),
+            *_names("cross_v", L),
+            *_names("past_k", L),
+            *_names("past_v", L),
+        ],
         output_names=["logits", *_names("new_k", L), *_names("new_v", L)],
-        dynamic_shapes=({0: batch}, None, {0: batch, 1: src_len},
-                        [{0: batch, 2: src_len}] * L, [{0: batch, 2: src_len}] * L,
-                        [{0: batch, 2: past_len}] * L, [{0: batch, 2: past_len}] * L),
-    )  # fmt: skip
+        dynamic_shapes=(
+            {0: batch},
+            None,
+            {0: batch, 1: src_len},
+            [{0: batch, 2: src_len}] * L,
+            [{0: batch, 2: src_len}] * L,
+            [{0: batch, 2: past_len}] * L,
+            [{0: batch, 2: past_len}] * L,
+        ),
+    )
 
 
 def export_onnx(model_dir: Path, out: Path) -> Path:
@@ -176,12 +207,19 @@ def export_onnx(model_dir: Path, out: Path) -> Path:
         export_graphs(model, tmp)
         tok.save(tmp)
         write_export_meta(
-            tmp, engine="onnxruntime", quantization="float32", model_cfg=model.cfg,
-            decode=decode, source=model_dir,
+            tmp,
+            engine="onnxruntime",
+            quantization="float32",
+            model_cfg=model.cfg,
+            decode=decode,
+            source=model_dir,
             files={"encoder": ENCODER_FILE, "decoder": DECODER_FILE},
-            versions={"torch": torch.__version__, "onnxruntime": ort.__version__,
-                      "opset": str(OPSET)},
-        )  # fmt: skip
+            versions={
+                "torch": torch.__version__,
+                "onnxruntime": ort.__version__,
+                "opset": str(OPSET),
+            },
+        )
     return out
 
 

@@ -121,8 +121,7 @@ class Precision:
             torch.backends.cudnn.allow_tf32 = self.tf32
 
     def to_json(self) -> dict[str, object]:
-        return {"device": str(self.device), "dtype": self.dtype, "tf32": self.tf32,
-                "why": self.why}  # fmt: skip
+        return {"device": str(self.device), "dtype": self.dtype, "tf32": self.tf32, "why": self.why}
 
 
 def choose_precision(
@@ -147,8 +146,10 @@ def choose_precision(
             log.warning(
                 "%s='bf16' on a %s: bf16 is emulated there and much slower than fp32 "
                 "(37.8x per training step on an AVX2-only CPU); '%s=auto' picks fp32 here",
-                what, found, what,
-            )  # fmt: skip
+                what,
+                found,
+                what,
+            )
         return Precision(device, "bf16", False, f"bf16 autocast as asked, on {found}")
     if native and decoding and device.type == "cpu":
         return Precision(device, "fp32", False, f"auto: fp32 for decoding on a {found}")
@@ -186,8 +187,12 @@ def set_threads(n: int, name: str = "--threads") -> None:
         log.warning(
             "%s=%d is more than the %d CPU%s this process may use: the threads will take "
             "turns and run much slower; give %d or fewer",
-            name, n, cpus, "" if cpus == 1 else "s", cpus,
-        )  # fmt: skip
+            name,
+            n,
+            cpus,
+            "" if cpus == 1 else "s",
+            cpus,
+        )
     if n:
         torch.set_num_threads(n)
 

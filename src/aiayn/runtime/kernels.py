@@ -124,8 +124,9 @@ class Linear(nn.Linear):
             plan = self._plans.get((rows, activation, torch.get_num_threads()))
             if plan is not None and plan.stamp == self._stamp(plan.packed):
                 if plan.packed:
-                    return torch.ops.mkldnn._linear_pointwise(x, plan.weight, plan.bias,
-                                                              activation, [], "")  # fmt: skip
+                    return torch.ops.mkldnn._linear_pointwise(
+                        x, plan.weight, plan.bias, activation, [], ""
+                    )
                 return ACTIVATIONS[activation](padded_linear(x, plan.weight, plan.bias))
         start, end = rows if rows is not None else (0, self.out_features)
         weight = self.weight if rows is None else self.weight[start:end]

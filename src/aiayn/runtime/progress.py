@@ -19,8 +19,10 @@ from tqdm.autonotebook import tqdm as tqdm_notebook  # tqdm's own bar unless in 
 
 LINE_INTERVAL_S = 30.0
 BAR_EVERY = 1000  # items between a bar's updates in `counted`: its cost stays out of the loop
-PLAIN_FORMAT = ("{desc}: {n_fmt}/{total_fmt} {unit}s ({percentage:.0f}%) in {elapsed}, "
-                "{rate_fmt}, {remaining} left{postfix}")  # fmt: skip
+PLAIN_FORMAT = (
+    "{desc}: {n_fmt}/{total_fmt} {unit}s ({percentage:.0f}%) in {elapsed}, "
+    "{rate_fmt}, {remaining} left{postfix}"
+)
 
 
 def interactive() -> bool:
@@ -44,15 +46,23 @@ class _Lines:
         self.stream.flush()
 
 
-def progress(*, total: int | None, unit: str, desc: str | None = None, disable: bool = False,
-             **kw: Any) -> tqdm_std:  # fmt: skip
+def progress(
+    *, total: int | None, unit: str, desc: str | None = None, disable: bool = False, **kw: Any
+) -> tqdm_std:
     """A tqdm bar on stderr where one can redraw (`interactive`), else plain timed lines."""
     if interactive():
-        return tqdm_auto(total=total, unit=unit, desc=desc, disable=disable, file=sys.stderr,
-                         **kw)  # fmt: skip
-    return tqdm_std(total=total, unit=unit, desc=desc, disable=disable, file=_Lines(sys.stderr),
-                    mininterval=LINE_INTERVAL_S, delay=LINE_INTERVAL_S, bar_format=PLAIN_FORMAT,
-                    **kw)  # fmt: skip
+        return tqdm_auto(total=total, unit=unit, desc=desc, disable=disable, file=sys.stderr, **kw)
+    return tqdm_std(
+        total=total,
+        unit=unit,
+        desc=desc,
+        disable=disable,
+        file=_Lines(sys.stderr),
+        mininterval=LINE_INTERVAL_S,
+        delay=LINE_INTERVAL_S,
+        bar_format=PLAIN_FORMAT,
+        **kw,
+    )
 
 
 T = TypeVar("T")

@@ -96,10 +96,12 @@ class BeamSearch:
         self.cache = join_caches(self.cache, fresh, T)
         self.memory = join_memories(self.memory, memory.mask_only().index_select(rep_r))
         width = max(self.tokens_rT.size(1), T + 1)
-        self.tokens_rT = torch.cat([
-            pad_cols(self.tokens_rT, width, special.pad_id),
-            _bos_rows(device, b * N, width, special.bos_id, special.pad_id),
-        ])  # fmt: skip
+        self.tokens_rT = torch.cat(
+            [
+                pad_cols(self.tokens_rT, width, special.pad_id),
+                _bos_rows(device, b * N, width, special.bos_id, special.pad_id),
+            ]
+        )
         self.scores_bn = torch.cat([self.scores_bn, _first_beam(self.scores_bn.new_zeros(b, 1), N)])
         self.t_b = torch.cat([self.t_b, torch.zeros(b, dtype=torch.long, device=device)])
         self.limit_b = torch.cat([self.limit_b, limit_b])
@@ -132,8 +134,9 @@ class BeamSearch:
         # The N best non-EOS candidates stay alive (a stable sort keeps their score order).
         alive_bN = top.is_eos_bC.sort(dim=1, stable=True).indices[:, :N]
         if self.on_step is not None and before is not None:
-            state = BeamState(self.sents, self.tokens_rT, self.scores_bn, self.ended, before,
-                              last, done)  # fmt: skip
+            state = BeamState(
+                self.sents, self.tokens_rT, self.scores_bn, self.ended, before, last, done
+            )
             self.on_step(beam_view(t, cfg, state, logits_rV, lp_rV, top, alive_bN))
         self.steps += 1
         finished = [(s, self._best(s)) for s, d in zip(self.sents, done, strict=True) if d]

@@ -65,8 +65,9 @@ def _search_single(
     per_sent: int = 1,
 ) -> list[Hypothesis]:
     """Extend one hypothesis per row until EOS or its length limit (`RowSearch`, run whole)."""
-    run = RowSearch(model, cfg, pick, use_cache=use_cache, on_step=on_step, kind=kind,
-                    per_sent=per_sent)  # fmt: skip
+    run = RowSearch(
+        model, cfg, pick, use_cache=use_cache, on_step=on_step, kind=kind, per_sent=per_sent
+    )
     run.add(src_BS)
     found: dict[int, Hypothesis] = {}
     while run.live:
@@ -148,9 +149,14 @@ def sample_search(
     rows = torch.arange(B, device=device).repeat_interleave(n)
     with inference(model):
         flat = _search_single(
-            model, src_BS.index_select(0, rows), cfg, pick, on_step=on_step, kind="sample",
+            model,
+            src_BS.index_select(0, rows),
+            cfg,
+            pick,
+            on_step=on_step,
+            kind="sample",
             per_sent=n,
-        )  # fmt: skip
+        )
     groups = [flat[i : i + n] for i in range(0, len(flat), n)]
     return [sorted(g, key=lambda h: -h.score) for g in groups]
 

@@ -114,10 +114,12 @@ class RowSearch:
             self.__dict__.update(state)
         else:
             width = max(self.out_rT.size(1), T)
-            self.out_rT = torch.cat([
-                pad_cols(self.out_rT, width, special.pad_id),
-                torch.full((b, width), special.pad_id, device=device),
-            ])  # fmt: skip
+            self.out_rT = torch.cat(
+                [
+                    pad_cols(self.out_rT, width, special.pad_id),
+                    torch.full((b, width), special.pad_id, device=device),
+                ]
+            )
             for name, value in state.items():
                 setattr(self, name, torch.cat([getattr(self, name), value]))
         self.live += b

@@ -60,8 +60,11 @@ def join_caches(
     padded to the longer source; what a row does not see is zero, so masked products stay
     finite."""
     b, device = other.cross_k[0].size(0), cache.self_k[0].device
-    start = cache.start_B if cache.start_B is not None else torch.zeros(
-        cache.self_k[0].size(0), dtype=torch.long, device=device)  # fmt: skip
+    start = (
+        cache.start_B
+        if cache.start_B is not None
+        else torch.zeros(cache.self_k[0].size(0), dtype=torch.long, device=device)
+    )
     if keep_B is not None:
         start = start.index_select(0, keep_B)
     B = start.size(0)
@@ -82,8 +85,10 @@ def join_caches(
     def cross(mine: list[Tensor], theirs: list[Tensor]) -> list[Tensor]:
         S = max(mine[0].size(2), theirs[0].size(2))
         kept = mine if keep_B is None else [a.index_select(0, keep_B) for a in mine]
-        return [torch.cat([_pad_dim(a, 2, S), _pad_dim(o, 2, S)])
-                for a, o in zip(kept, theirs, strict=True)]  # fmt: skip
+        return [
+            torch.cat([_pad_dim(a, 2, S), _pad_dim(o, 2, S)])
+            for a, o in zip(kept, theirs, strict=True)
+        ]
 
     return KVCache(
         [stack(k) for k in cache.self_k],
@@ -91,9 +96,8 @@ def join_caches(
         cross(cache.cross_k, other.cross_k),
         cross(cache.cross_v, other.cross_v),
         L,
-        start_B=torch.cat([start - drop, torch.full((b,), L, dtype=torch.long,
-                                                     device=device)]),
-    )  # fmt: skip
+        start_B=torch.cat([start - drop, torch.full((b,), L, dtype=torch.long, device=device)]),
+    )
 
 
 @dataclass

@@ -201,9 +201,10 @@ def _check_one_vocabulary(dirs: list[Path]) -> None:
     first: bytes | None = None
     for d in dirs:
         tokenizer = b"".join(
-            (place / name).read_bytes() for place, found in _files_of(d, TOKENIZER_FILES)
+            (place / name).read_bytes()
+            for place, found in _files_of(d, TOKENIZER_FILES)
             for name in found
-        )  # fmt: skip
+        )
         if first is None:
             first = tokenizer
         elif tokenizer and first and tokenizer != first:

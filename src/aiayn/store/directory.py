@@ -90,8 +90,9 @@ class ModelDir:
         path = Path(directory)
         if is_export_dir(path):
             meta = read_export_meta(path)
-            return cls(path, "export", meta, model_config_of(meta, path),
-                       _export_decode_config(meta, path))  # fmt: skip
+            return cls(
+                path, "export", meta, model_config_of(meta, path), _export_decode_config(meta, path)
+            )
         meta = read_model_meta(path)
         return cls(path, "aiayn", meta, model_config_of(meta, path), saved_decode_config(path))
 

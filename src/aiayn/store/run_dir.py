@@ -108,9 +108,12 @@ def restore_rng(tensors: dict[str, Tensor], device: torch.device) -> None:
     if saved_on_gpu and device.type == "cuda":
         torch.cuda.set_rng_state(tensors["rng.cuda"], device)
     elif saved_on_gpu != (device.type == "cuda"):
-        log.info("resuming on %s a run saved on %s: same weights and data position, other "
-                 "dropout masks (exact resume needs the same kind of device)", device.type,
-                 "cuda" if saved_on_gpu else "cpu")  # fmt: skip
+        log.info(
+            "resuming on %s a run saved on %s: same weights and data position, other "
+            "dropout masks (exact resume needs the same kind of device)",
+            device.type,
+            "cuda" if saved_on_gpu else "cpu",
+        )
 
 
 AVERAGED_DIR = "averaged"  # the averaged model a cosine_budget run writes at its end
@@ -168,10 +171,15 @@ def data_fingerprint(tc: TrainConfig) -> dict[str, str]:
 
 def _defaults(section: object) -> dict[str, Any]:
     """The default of each field of a config dataclass that has one, as `to_dict` writes it."""
-    return json.loads(json.dumps({
-        f.name: f.default for f in dataclasses.fields(section)  # type: ignore[arg-type]
-        if f.default is not dataclasses.MISSING
-    }))  # fmt: skip
+    return json.loads(
+        json.dumps(
+            {
+                f.name: f.default
+                for f in dataclasses.fields(section)  # type: ignore[arg-type]
+                if f.default is not dataclasses.MISSING
+            }
+        )
+    )
 
 
 def check_resumable(out: Path, cfg: Config, fingerprint: dict[str, str]) -> None:

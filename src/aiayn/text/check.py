@@ -45,8 +45,16 @@ from aiayn.errors import DataError
 from aiayn.runtime.progress import counted, progress
 from aiayn.text.corpus import count_lines, raw_pairs
 
-PAIR_KINDS = ("empty", "control", "long", "copies", "misaligned", "script", "duplicates",
-              "near_duplicates")  # fmt: skip
+PAIR_KINDS = (
+    "empty",
+    "control",
+    "long",
+    "copies",
+    "misaligned",
+    "script",
+    "duplicates",
+    "near_duplicates",
+)
 EVAL_KINDS = ("overlap", "overlap_sources")
 KINDS = PAIR_KINDS + EVAL_KINDS
 MAX_CHARS = 1000  # a side longer than this is more likely a paragraph or a broken line
@@ -68,13 +76,19 @@ _CODES_BY_SCRIPTS = {
     ("ARABIC",): "ar fa ps ur",
     ("HEBREW",): "he yi",
     ("DEVANAGARI",): "hi mr ne sa",
-    ("BENGALI",): "bn", ("TAMIL",): "ta", ("TELUGU",): "te", ("THAI",): "th",
-    ("GEORGIAN",): "ka", ("ARMENIAN",): "hy", ("ETHIOPIC",): "am", ("KHMER",): "km",
+    ("BENGALI",): "bn",
+    ("TAMIL",): "ta",
+    ("TELUGU",): "te",
+    ("THAI",): "th",
+    ("GEORGIAN",): "ka",
+    ("ARMENIAN",): "hy",
+    ("ETHIOPIC",): "am",
+    ("KHMER",): "km",
     ("SINHALA",): "si",
     ("CJK",): "zh",
     ("CJK", "HIRAGANA", "KATAKANA"): "ja",
     ("HANGUL", "CJK"): "ko",
-}  # fmt: skip
+}
 SCRIPTS: dict[str, frozenset[str]] = {
     code: frozenset(scripts)
     for scripts, codes in _CODES_BY_SCRIPTS.items()
@@ -133,8 +147,13 @@ class CheckReport:
     drop: np.ndarray  # (pairs,) bool: training lines `write_clean` leaves out
 
     def to_json(self) -> dict[str, Any]:
-        return {"files": self.files, "pairs": self.pairs, "languages": self.languages,
-                "counts": self.counts, "examples": self.examples}  # fmt: skip
+        return {
+            "files": self.files,
+            "pairs": self.pairs,
+            "languages": self.languages,
+            "counts": self.counts,
+            "examples": self.examples,
+        }
 
     def summary(self) -> str:
         """One line: the kinds found, e.g. "3 duplicates, 1 copies" ("nothing found" if none)."""
@@ -209,8 +228,9 @@ def check_corpus(
     masks = {k: np.zeros(n, dtype=bool) for k in PAIR_KINDS}
     for kind, lines in train.flags.items():
         masks[kind][lines] = True
-    pair_h, norm_h, src_h = (np.frombuffer(a, dtype=np.int64) for a in
-                             (train.pair, train.norm, train.source))  # fmt: skip
+    pair_h, norm_h, src_h = (
+        np.frombuffer(a, dtype=np.int64) for a in (train.pair, train.norm, train.source)
+    )
     ratio = np.frombuffer(train.log_ratio, dtype=np.float32)
     judged = np.frombuffer(train.judged, dtype=np.int8).astype(bool)
     masks["duplicates"] = _repeats(pair_h)
@@ -264,10 +284,17 @@ def _read_examples(
             if (name, i) in wanted:
                 text[(name, i)] = pair
     return {
-        kind: [{"file": name, "line": i + 1, "src": text[(name, i)][0][:200],
-                "tgt": text[(name, i)][1][:200]} for name, i in refs]
+        kind: [
+            {
+                "file": name,
+                "line": i + 1,
+                "src": text[(name, i)][0][:200],
+                "tgt": text[(name, i)][1][:200],
+            }
+            for name, i in refs
+        ]
         for kind, refs in found.items()
-    }  # fmt: skip
+    }
 
 
 def write_clean(report: CheckReport, out_dir: str | Path) -> dict[str, Any]:
@@ -279,8 +306,11 @@ def write_clean(report: CheckReport, out_dir: str | Path) -> dict[str, Any]:
     if src.name == tgt.name:
         raise DataError(f"--write: {src} and {tgt} have the same name; rename one")
     kept = 0
-    with atomic_dir(out_dir) as tmp, (tmp / src.name).open("w", encoding="utf-8") as fs, \
-            (tmp / tgt.name).open("w", encoding="utf-8") as ft:  # fmt: skip
+    with (
+        atomic_dir(out_dir) as tmp,
+        (tmp / src.name).open("w", encoding="utf-8") as fs,
+        (tmp / tgt.name).open("w", encoding="utf-8") as ft,
+    ):
         for i, (s, t) in enumerate(raw_pairs(src, tgt)):
             if not report.drop[i]:
                 fs.write(s.strip() + "\n")
@@ -290,5 +320,9 @@ def write_clean(report: CheckReport, out_dir: str | Path) -> dict[str, Any]:
             f.flush()
             os.fsync(f.fileno())
     out = Path(out_dir)
-    return {"src": str(out / src.name), "tgt": str(out / tgt.name), "kept": kept,
-            "dropped": report.pairs - kept}  # fmt: skip
+    return {
+        "src": str(out / src.name),
+        "tgt": str(out / tgt.name),
+        "kept": kept,
+        "dropped": report.pairs - kept,
+    }

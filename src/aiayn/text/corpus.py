@@ -105,8 +105,9 @@ def _cut_long_line(stream: BinaryIO, head: bytes, where: str) -> bytes:
     cut = MAX_LINE_BYTES
     while cut > 0 and head[cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte: not a start
         cut -= 1
-    log.warning("%s is longer than %d bytes: only its first %d are read", where,
-                MAX_LINE_BYTES, cut)  # fmt: skip
+    log.warning(
+        "%s is longer than %d bytes: only its first %d are read", where, MAX_LINE_BYTES, cut
+    )
     return head[:cut]
 
 
@@ -152,9 +153,11 @@ def _tsv(path: Path) -> Iterator[tuple[str, str]]:
     for line_no, line in enumerate(_lines(path), 1):
         cols = line.split("\t")
         if len(cols) != 2:
-            raise DataError(f"{path}: line {line_no} has {len(cols)} tab-separated fields, not 2 "
-                            "(a file given without its target side is read as source<TAB>target "
-                            "lines)")  # fmt: skip
+            raise DataError(
+                f"{path}: line {line_no} has {len(cols)} tab-separated fields, not 2 "
+                "(a file given without its target side is read as source<TAB>target "
+                "lines)"
+            )
         yield cols[0], cols[1]
 
 
@@ -183,12 +186,14 @@ def raw_pairs(src: str | Path, tgt: str | Path | None) -> Iterator[tuple[str, st
     for p in paths:
         if not p.is_file():
             what = (
-                "is a directory, not a file" if p.is_dir()
-                else "not found" if not p.exists()
+                "is a directory, not a file"
+                if p.is_dir()
+                else "not found"
+                if not p.exists()
                 # a pipe (`<(zcat ...)`) or a device: a corpus is read more than once
                 else "is not a regular file (a pipe or a device; a corpus is read more than "
                 "once: write it to a file)"
-            )  # fmt: skip
+            )
             raise DataError(f"corpus file {what}: {p}")
         if p.stat().st_size == 0:
             raise DataError(f"corpus file is empty: {p}")

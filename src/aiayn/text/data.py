@@ -40,9 +40,11 @@ class RunData:
 def require_corpus(tc: TrainConfig) -> None:
     """A run needs its training text: say how to give it where the config names none."""
     if not tc.src:
-        raise ConfigError("train.src is empty: give the training corpus, two line-aligned files "
-                          "(--set train.src=FILE --set train.tgt=FILE) or one TSV "
-                          "(--set train.src=FILE)")  # fmt: skip
+        raise ConfigError(
+            "train.src is empty: give the training corpus, two line-aligned files "
+            "(--set train.src=FILE --set train.tgt=FILE) or one TSV "
+            "(--set train.src=FILE)"
+        )
 
 
 def load_data(
@@ -60,15 +62,21 @@ def load_data(
     """
     require_corpus(tc)
     stats = DataStats()
-    pb = progress(total=count_lines(tc.src) if bar else None, unit="pair", disable=not bar,
-                  desc=f"encode {Path(tc.src).name}")  # fmt: skip
+    pb = progress(
+        total=count_lines(tc.src) if bar else None,
+        unit="pair",
+        disable=not bar,
+        desc=f"encode {Path(tc.src).name}",
+    )
     pairs_in = counted(read_parallel(tc.src, tc.tgt or None, stats, heldout), pb)
     train_text: list[tuple[str, str]] = []
     if tc.subword_alpha:  # the text is segmented again each epoch: hold it
         if not tok.samples:
-            raise ConfigError(f"train.subword_alpha samples segmentations, and this "
-                              f"{type(tok).__name__} has one (an imported model's, or a "
-                              "'word' vocabulary of segmented text)")  # fmt: skip
+            raise ConfigError(
+                f"train.subword_alpha samples segmentations, and this "
+                f"{type(tok).__name__} has one (an imported model's, or a "
+                "'word' vocabulary of segmented text)"
+            )
         text = list(pairs_in)
         kept: list[int] = []
         train = encode_pairs(text, tok, tc.max_len, stats, kept=kept)

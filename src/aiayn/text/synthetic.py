@@ -47,10 +47,49 @@ SPLITS = ("train", "valid", "test")
 # Languages both packages support, by their num2words code. Left out: `am` (num2words 0.5.14
 # fails on most numbers), `kz` and `tet` (no babel locale), regional variants (en_IN, pt_BR...).
 LANGUAGES = (
-    "ar", "az", "be", "bn", "ca", "ce", "cs", "cy", "da", "de", "en", "eo", "es", "fa",
-    "fi", "fr", "he", "hu", "id", "is", "it", "ja", "kn", "ko", "lt", "lv", "nl", "no",
-    "pl", "pt", "ro", "ru", "sk", "sl", "sr", "sv", "te", "tg", "th", "tr", "uk", "vi",
-)  # fmt: skip
+    "ar",
+    "az",
+    "be",
+    "bn",
+    "ca",
+    "ce",
+    "cs",
+    "cy",
+    "da",
+    "de",
+    "en",
+    "eo",
+    "es",
+    "fa",
+    "fi",
+    "fr",
+    "he",
+    "hu",
+    "id",
+    "is",
+    "it",
+    "ja",
+    "kn",
+    "ko",
+    "lt",
+    "lv",
+    "nl",
+    "no",
+    "pl",
+    "pt",
+    "ro",
+    "ru",
+    "sk",
+    "sl",
+    "sr",
+    "sv",
+    "te",
+    "tg",
+    "th",
+    "tr",
+    "uk",
+    "vi",
+)
 # num2words writes Serbian in Latin script; babel's plain `sr` is Cyrillic.
 _BABEL_LOCALE = {"sr": "sr_Latn"}
 DATE_WIDTHS = ("full", "long", "medium")  # "short" is all digits (11/21/26): nothing to translate
@@ -316,12 +355,18 @@ def write_corpus(
         _check_request(task, n, split, seed)
     out_dir = Path(out_dir)
     if not overwrite:
-        names = [f"{split}.{lang}" for split, n in zip(SPLITS, (n_train, n_valid, n_test),
-                 strict=True) if n for lang in (src, tgt)] + ["synth.json"]  # fmt: skip
+        names = [
+            f"{split}.{lang}"
+            for split, n in zip(SPLITS, (n_train, n_valid, n_test), strict=True)
+            if n
+            for lang in (src, tgt)
+        ] + ["synth.json"]
         taken = [name for name in names if (out_dir / name).exists()]
         if taken:
-            raise DataError(f"{out_dir} already has {', '.join(taken)}: choose another --out, "
-                            "or --force to replace them")  # fmt: skip
+            raise DataError(
+                f"{out_dir} already has {', '.join(taken)}: choose another --out, "
+                "or --force to replace them"
+            )
     written: dict[str, tuple[Path, Path, int]] = {}
     for split, n in zip(SPLITS, (n_train, n_valid, n_test), strict=True):
         pairs = synth_pairs(task, src, tgt, n, seed, split) if n else []

@@ -187,8 +187,11 @@ class JointTokenizer(Tokenizer):
         # The vocabulary owns its special ids; a model records them (ModelConfig.pad_id/...),
         # and every other part of aiayn reads them from one of the two, never from constants.
         self.pad_id, self.bos_id, self.eos_id = self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id()
-        missing = [n for n, i in (("pad", self.pad_id), ("bos", self.bos_id), ("eos", self.eos_id))
-                   if i < 0]  # fmt: skip
+        missing = [
+            n
+            for n, i in (("pad", self.pad_id), ("bos", self.bos_id), ("eos", self.eos_id))
+            if i < 0
+        ]
         if missing:
             raise CheckpointError(f"the tokenizer defines no {'/'.join(missing)} piece")
 
@@ -208,9 +211,11 @@ class JointTokenizer(Tokenizer):
         if not lines:
             raise DataError("cannot train a tokenizer on empty text")
         if vocab_size < 256 + 4:  # SentencePiece fails below it with an INTERNAL error
-            raise DataError(f"vocab_size={vocab_size} is too small: a vocabulary needs at least "
-                            "260 pieces (256 byte-fallback pieces and the 4 special tokens), "
-                            "and one more for each distinct character")  # fmt: skip
+            raise DataError(
+                f"vocab_size={vocab_size} is too small: a vocabulary needs at least "
+                "260 pieces (256 byte-fallback pieces and the 4 special tokens), "
+                "and one more for each distinct character"
+            )
         size = vocab_size
         for _ in range(3):
             buf = io.BytesIO()
@@ -287,8 +292,14 @@ class JointTokenizer(Tokenizer):
         # SentencePiece's sampler has one process-wide generator, and its threads draw from it
         # in no fixed order: seeded here and on one thread, the ids depend on the seed alone.
         spm.set_random_generator_seed(seed)
-        encoded = self.sp.encode(list(texts), out_type=int, enable_sampling=True, alpha=alpha,
-                                 nbest_size=-1, num_threads=1)  # fmt: skip
+        encoded = self.sp.encode(
+            list(texts),
+            out_type=int,
+            enable_sampling=True,
+            alpha=alpha,
+            nbest_size=-1,
+            num_threads=1,
+        )
         return [pre + ids + post for ids in encoded]
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -44,21 +44,32 @@ def fit_budget(run: Run) -> bool:
         return False
     steps, seconds = st.step - run.fit_mark[0], run.elapsed() - run.fit_mark[1]
     budget_s = 60 * tc.max_minutes
-    due = (steps >= FIT_MIN_STEPS and (steps >= tc.valid_every or seconds >= FIT_SHARE * budget_s)
-           ) or (steps >= 1 and seconds >= 2 * FIT_SHARE * budget_s)  # fmt: skip
+    due = (
+        steps >= FIT_MIN_STEPS and (steps >= tc.valid_every or seconds >= FIT_SHARE * budget_s)
+    ) or (steps >= 1 and seconds >= 2 * FIT_SHARE * budget_s)
     mine = [float(due), *_speed(run, run.fit_mark)] if d.main else [0.0] * 4
     any_due, rate, valid_s, elapsed = all_sum(mine, d)
     if not any_due:
         return False
-    _fix_plan(run, fit_total_steps(st.step, rate, elapsed, budget_s, tc.max_steps,
-                                   tc.valid_every, valid_s))  # fmt: skip
+    _fix_plan(
+        run,
+        fit_total_steps(st.step, rate, elapsed, budget_s, tc.max_steps, tc.valid_every, valid_s),
+    )
     if d.main:
         log.info(
             "%.3g steps/s over steps %d-%d (%.1f s per validation): warmup to step %d, the "
             "schedule ends at step %d (%.1f of %.1f minutes used); averaging the checkpoints "
-            "of steps %s", rate, run.fit_mark[0], st.step, valid_s, st.warmup_end,
-            st.total_steps, elapsed / 60, tc.max_minutes, run.planned_averages() or "none",
-        )  # fmt: skip
+            "of steps %s",
+            rate,
+            run.fit_mark[0],
+            st.step,
+            valid_s,
+            st.warmup_end,
+            st.total_steps,
+            elapsed / 60,
+            tc.max_minutes,
+            run.planned_averages() or "none",
+        )
     return True
 
 
@@ -113,8 +124,9 @@ def refit_budget(run: Run) -> bool:
     ):
         return False
     rate, valid_s, elapsed = all_sum(_speed(run, run.refit_mark) if d.main else [0.0] * 3, d)
-    total = fit_total_steps(st.step, rate, elapsed, 60 * tc.max_minutes, tc.max_steps,
-                            tc.valid_every, valid_s)  # fmt: skip
+    total = fit_total_steps(
+        st.step, rate, elapsed, 60 * tc.max_minutes, tc.max_steps, tc.valid_every, valid_s
+    )
     if not refit_moves(st.total_steps, total):
         return False
     progress = run.plan().progress(st.step, start)
@@ -125,6 +137,12 @@ def refit_budget(run: Run) -> bool:
         log.info(
             "%.3g steps/s over steps %d-%d (%.1f s per validation): the schedule now ends at "
             "step %d, not %d; averaging the checkpoints of steps %s",
-            rate, mark_step, st.step, valid_s, total, old, run.planned_averages() or "none",
-        )  # fmt: skip
+            rate,
+            mark_step,
+            st.step,
+            valid_s,
+            total,
+            old,
+            run.planned_averages() or "none",
+        )
     return True

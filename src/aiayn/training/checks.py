@@ -28,19 +28,33 @@ def check_recipe(tc: TrainConfig) -> None:
         (tc.vocab_size >= 1 and tc.max_len >= 1, "vocab_size and max_len must be at least 1"),
         (0 <= tc.label_smoothing < 1, f"label_smoothing={tc.label_smoothing} must be in [0, 1)"),
         (0 <= tc.lr < inf, f"lr={tc.lr} must be a number >= 0"),  # 0: frozen (tests use it)
-        (tc.warmup_steps >= (1 if tc.lr_schedule == "noam" else 0),  # noam divides by it
-         f"warmup_steps={tc.warmup_steps} must be >= 0 (noam: >= 1)"),
+        (
+            tc.warmup_steps >= (1 if tc.lr_schedule == "noam" else 0),  # noam divides by it
+            f"warmup_steps={tc.warmup_steps} must be >= 0 (noam: >= 1)",
+        ),
         (all(0 <= b < 1 for b in tc.adam_betas), f"adam_betas={tc.adam_betas} must be in [0, 1)"),
-        (all(0 <= x < inf for x in (tc.adam_eps, tc.weight_decay, tc.clip_norm)),
-         "adam_eps, weight_decay and clip_norm must be numbers >= 0"),
+        (
+            all(0 <= x < inf for x in (tc.adam_eps, tc.weight_decay, tc.clip_norm)),
+            "adam_eps, weight_decay and clip_norm must be numbers >= 0",
+        ),
         (tc.max_steps >= 1, f"max_steps={tc.max_steps} must be at least 1"),
         (0 <= tc.max_minutes < inf, f"max_minutes={tc.max_minutes} must be >= 0 (0 = no limit)"),
-        (min(tc.max_epochs, tc.valid_every, tc.save_every, tc.patience, tc.bleu_samples,
-             tc.keep_last, tc.average_last) >= 0,
-         "max_epochs, valid_every, save_every, patience, bleu_samples, keep_last and "
-         "average_last must be >= 0"),
+        (
+            min(
+                tc.max_epochs,
+                tc.valid_every,
+                tc.save_every,
+                tc.patience,
+                tc.bleu_samples,
+                tc.keep_last,
+                tc.average_last,
+            )
+            >= 0,
+            "max_epochs, valid_every, save_every, patience, bleu_samples, keep_last and "
+            "average_last must be >= 0",
+        ),
         (tc.log_every >= 1, f"log_every={tc.log_every} must be at least 1"),
-    ]  # fmt: skip
+    ]
     for ok, message in ranges:
         if not ok:
             raise ConfigError(f"train.{message}")
@@ -54,8 +68,10 @@ def check_recipe(tc: TrainConfig) -> None:
     if not 0.0 <= tc.subword_alpha < 1.0:
         raise ConfigError(f"train.subword_alpha={tc.subword_alpha} must be in [0, 1)")
     if tc.subword_alpha and tc.spm_model_type == "word":
-        raise ConfigError("train.subword_alpha samples segmentations; a 'word' vocabulary "
-                          "(train.spm_model_type) keeps the text's own")  # fmt: skip
+        raise ConfigError(
+            "train.subword_alpha samples segmentations; a 'word' vocabulary "
+            "(train.spm_model_type) keeps the text's own"
+        )
     if tc.average_last == 0:
         return
     if tc.average_last < 2:

@@ -42,8 +42,10 @@ def _write_average(run: Run) -> bool:
         planned = run.planned_averages()
         chosen = averaged_steps(planned, run.state.step)
         dirs = [c for c in kept if checkpoint_step(c) in chosen]
-        missing = (f"{len(dirs)} of the {n} planned checkpoints exist (steps {planned}); the "
-                   "run stopped before its schedule's end")  # fmt: skip
+        missing = (
+            f"{len(dirs)} of the {n} planned checkpoints exist (steps {planned}); the "
+            "run stopped before its schedule's end"
+        )
     else:
         dirs, planned = kept[-n:], []
         missing = f"{len(dirs)} checkpoint(s) kept, {n} to average"
@@ -53,10 +55,14 @@ def _write_average(run: Run) -> bool:
     final = run.out / AVERAGED_DIR
     write_average(dirs, final, replace=True)
     steps = [checkpoint_step(c) for c in dirs]
-    stand_in = "" if not planned or set(steps) <= set(planned) else (
-        f" (stopped at step {run.state.step}, before the schedule's end at {planned[-1]}: its "
-        "checkpoint stands in for the planned ones not reached)"
-    )  # fmt: skip
+    stand_in = (
+        ""
+        if not planned or set(steps) <= set(planned)
+        else (
+            f" (stopped at step {run.state.step}, before the schedule's end at {planned[-1]}: its "
+            "checkpoint stands in for the planned ones not reached)"
+        )
+    )
     log.info("averaged the checkpoints of steps %s into %s%s", steps, final, stand_in)
     return True
 
@@ -81,20 +87,33 @@ def _choose_alpha(run: Run, progress: bool) -> None:
 
     dc, data = run.cfg.decode, run.data
     if not run.tc.choose_alpha:
-        log.info("alpha not chosen (train.choose_alpha = false): the averaged model keeps "
-                 "alpha %g (%s length penalty)", dc.alpha, dc.length_penalty)  # fmt: skip
+        log.info(
+            "alpha not chosen (train.choose_alpha = false): the averaged model keeps "
+            "alpha %g (%s length penalty)",
+            dc.alpha,
+            dc.length_penalty,
+        )
         return
     if not data.valid_srcs or dc.beam_size < 2 or dc.sample:
-        log.info("alpha not chosen: it needs a validation set and beam search (decode.beam_size "
-                 ">= 2, not sampling); the averaged model keeps alpha %g", dc.alpha)  # fmt: skip
+        log.info(
+            "alpha not chosen: it needs a validation set and beam search (decode.beam_size "
+            ">= 2, not sampling); the averaged model keeps alpha %g",
+            dc.alpha,
+        )
         return
     where = run.out / AVERAGED_DIR
     model = load_model_dir(where, run.d.device, expect=Transformer)
     precision = choose_precision("auto", run.d.device, decoding=True)
     translator = Translator(model, run.tok, dc, precision)
     n = min(ALPHA_SENTENCES, len(data.valid_srcs))
-    rows = sweep_alpha(translator, dc, data.valid_srcs[:n], data.valid_refs[:n],
-                       list(ALPHA_GRID), progress=progress)  # fmt: skip
+    rows = sweep_alpha(
+        translator,
+        dc,
+        data.valid_srcs[:n],
+        data.valid_refs[:n],
+        list(ALPHA_GRID),
+        progress=progress,
+    )
     best = next(r for r in rows if r["best"])
     path = where / RUN_CONFIG_FILE
     saved = json.loads(path.read_text(encoding="utf-8"))
@@ -102,15 +121,23 @@ def _choose_alpha(run: Run, progress: bool) -> None:
     saved["alpha_choice"] = {"sentences": n, "beam_size": dc.beam_size, "rows": rows}
     atomic_write_json(path, saved)
     top = rows[best_alpha_row(rows)]  # the highest, whether or not it is chosen
-    kept = "" if top is best else (
-        f"; alpha {top['alpha']:g} scored highest, within chance of {best['alpha']:g} "
-        f"(p = {top['bleu_p_value']:.2f}), so the recipe's alpha stays"
-    )  # fmt: skip
+    kept = (
+        ""
+        if top is best
+        else (
+            f"; alpha {top['alpha']:g} scored highest, within chance of {best['alpha']:g} "
+            f"(p = {top['bleu_p_value']:.2f}), so the recipe's alpha stays"
+        )
+    )
     log.info(
         "alpha %g chosen for %s on %d validation sentences (beam %d): BLEU (chrF) %s%s",
-        best["alpha"], where, n, dc.beam_size,
-        ", ".join(f"{r['alpha']:g}: {r['bleu']:.2f} ({r['chrf']:.2f})" for r in rows), kept,
-    )  # fmt: skip
+        best["alpha"],
+        where,
+        n,
+        dc.beam_size,
+        ", ".join(f"{r['alpha']:g}: {r['bleu']:.2f} ({r['chrf']:.2f})" for r in rows),
+        kept,
+    )
 
 
 def finish_run(run: Run, stopped: str, progress: bool = False) -> None:
@@ -124,8 +151,11 @@ def finish_run(run: Run, stopped: str, progress: bool = False) -> None:
                 "the training loss is not a number by step %d: the run diverged and stopped, "
                 "and its weights are not saved (%s keeps what was saved before). Train again "
                 "with a lower train.lr (now %g) or with train.clip_norm (now %g)",
-                state.step, out, run.tc.lr, run.tc.clip_norm,
-            )  # fmt: skip
+                state.step,
+                out,
+                run.tc.lr,
+                run.tc.clip_norm,
+            )
         if d.world > 1:
             dist.barrier()
         return
@@ -138,7 +168,12 @@ def finish_run(run: Run, stopped: str, progress: bool = False) -> None:
     if d.main and run.tc.average_last and stopped != "signal" and _write_average(run):
         _choose_alpha(run, progress)
     if d.main:
-        log.info("stopped (%s) at step %d; run directory %s (finishing took %.0f s)",
-                 stopped, state.step, out, time.monotonic() - t_finish)  # fmt: skip
+        log.info(
+            "stopped (%s) at step %d; run directory %s (finishing took %.0f s)",
+            stopped,
+            state.step,
+            out,
+            time.monotonic() - t_finish,
+        )
     if d.world > 1:
         dist.barrier()

@@ -48,8 +48,9 @@ class StepLoader:
             tc = self.tc
             if tc.subword_alpha and self.text and self.tok is not None:
                 seed = 1_000_003 * tc.seed + 2 * epoch  # resegment uses seed and seed + 1
-                self.data = resegment(self.text, self.best, self.tok, tc.subword_alpha, seed,
-                                      tc.max_len)  # fmt: skip
+                self.data = resegment(
+                    self.text, self.best, self.tok, tc.subword_alpha, seed, tc.max_len
+                )
             plan = batch_plan(self.data, tc.max_tokens, seed=tc.seed, epoch=epoch)
             if len(plan) < self.per_step:
                 raise ConfigError(

@@ -117,8 +117,17 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
             )
             pad_id = run.cfg.model.pad_id
             batches = [collate(loader.data, idx, pad_id).to(d.device) for idx in chunk]
-            totals = train_step(net, run.opt, batches, tokens=tokens, lr=lr, pad_id=pad_id,
-                                tc=tc, d=d, precision=run.precision)  # fmt: skip
+            totals = train_step(
+                net,
+                run.opt,
+                batches,
+                tokens=tokens,
+                lr=lr,
+                pad_id=pad_id,
+                tc=tc,
+                d=d,
+                precision=run.precision,
+            )
             state.step, state.tokens = state.step + 1, state.tokens + tokens
             run.add_step(totals, tokens)
             bar.update(1)
@@ -153,13 +162,24 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
 def _show(run: Run, bar: Any, lr: float) -> None:
     """Log the window's loss and speed: on the progress bar, or as a log line without one."""
     rec, state = run.log_train(lr), run.state
-    left = {"left": f"{max(run.tc.max_minutes - run.elapsed() / 60, 0.0):.1f}min"} \
-        if run.tc.max_minutes else {}  # fmt: skip
+    left = (
+        {"left": f"{max(run.tc.max_minutes - run.elapsed() / 60, 0.0):.1f}min"}
+        if run.tc.max_minutes
+        else {}
+    )
     if bar.disable and run.d.main:  # no bar (no tty, --no-progress): say it in the log
         of = f"/{bar.total}" if bar.total else ""  # the bar's total: known, or fitted
-        log.info("step %d%s epoch %d: loss %.3f ppl %.1f lr %.2e %.0f tok/s%s", state.step, of,
-                 state.epoch + 1, rec["loss"], rec["ppl"], lr, rec["tokens_per_s"],
-                 f", {left['left']} left" if left else "")  # fmt: skip
+        log.info(
+            "step %d%s epoch %d: loss %.3f ppl %.1f lr %.2e %.0f tok/s%s",
+            state.step,
+            of,
+            state.epoch + 1,
+            rec["loss"],
+            rec["ppl"],
+            lr,
+            rec["tokens_per_s"],
+            f", {left['left']} left" if left else "",
+        )
     bar.set_postfix(
         loss=f"{rec['loss']:.3f}",
         ppl=f"{rec['ppl']:.1f}",

@@ -156,8 +156,11 @@ class Run:
                 if self.d.main
                 else None
             )
-            got = [bleu.score, bleu.length_ratio or 0.0, bleu.brevity_penalty or 0.0] if bleu \
-                else [0.0, 0.0, 0.0]  # fmt: skip
+            got = (
+                [bleu.score, bleu.length_ratio or 0.0, bleu.brevity_penalty or 0.0]
+                if bleu
+                else [0.0, 0.0, 0.0]
+            )
             rec["valid_bleu"], rec["valid_length_ratio"], rec["valid_bp"] = all_sum(got, self.d)
         value = rec["valid_bleu"] if tc.best_metric == "bleu" else rec["valid_loss"]
         higher_is_better = tc.best_metric == "bleu"
@@ -195,8 +198,9 @@ class Run:
 
     def plan(self) -> BudgetPlan:
         st = self.state
-        return BudgetPlan(st.total_steps, st.fit_step, st.warmup_end, st.refit_step,
-                          st.refit_progress)  # fmt: skip
+        return BudgetPlan(
+            st.total_steps, st.fit_step, st.warmup_end, st.refit_step, st.refit_progress
+        )
 
     def save_due(self) -> bool:
         """A checkpoint every `save_every` steps, but only the averaged ones once their span

@@ -63,15 +63,20 @@ def prepare_tokenizer(
             tc = cfg.train
             require_corpus(tc)
             stats = DataStats()
-            texts = [side for pair in read_parallel(tc.src, tc.tgt or None, stats, heldout)
-                     for side in pair]  # fmt: skip
+            texts = [
+                side
+                for pair in read_parallel(tc.src, tc.tgt or None, stats, heldout)
+                for side in pair
+            ]
             if not texts:  # every pair dropped: say why, as load_data's report would
                 raise ConfigError(f"no training pairs left after filtering: {stats.report(tc.src)}")
             both = f"{tc.src} and {tc.tgt}" if tc.tgt else tc.src  # one joint vocabulary
             log.info(
-                "training a joint %d-piece %s tokenizer on %s", tc.vocab_size, tc.spm_model_type,
+                "training a joint %d-piece %s tokenizer on %s",
+                tc.vocab_size,
+                tc.spm_model_type,
                 both,
-            )  # fmt: skip
+            )
             tok = Tokenizer.train(texts, tc.vocab_size, tc.spm_model_type)
         out.mkdir(parents=True, exist_ok=True)
         tok.save(out)
@@ -106,9 +111,16 @@ def prepare_run(
         # none can take the files being written for foreign ones.
         for name, side in zip(HELDOUT_FILES, (0, 1), strict=True):
             atomic_write_text(out / name, "".join(pair[side] + "\n" for pair in heldout.pairs))
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(  # the vocabulary's size and ids
-        cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id, bos_id=tok.bos_id,
-        eos_id=tok.eos_id))  # fmt: skip
+    cfg = dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(  # the vocabulary's size and ids
+            cfg.model,
+            vocab_size=tok.vocab_size,
+            pad_id=tok.pad_id,
+            bos_id=tok.bos_id,
+            eos_id=tok.eos_id,
+        ),
+    )
     fingerprint = data_fingerprint(tc)
     if resume is not None:
         check_resumable(out, cfg, fingerprint)
@@ -143,10 +155,14 @@ def prepare_run(
         }
         if heldout is not None:
             run_config["heldout_valid"] = {
-                "src": HELDOUT_FILES[0], "tgt": HELDOUT_FILES[1], "pairs": len(heldout.pairs),
-                "corpus_lines": heldout.corpus_lines, "drawn": len(heldout.lines),
-                "seed": tc.seed, "left_out_of_training": data.held_out,
-            }  # fmt: skip
+                "src": HELDOUT_FILES[0],
+                "tgt": HELDOUT_FILES[1],
+                "pairs": len(heldout.pairs),
+                "corpus_lines": heldout.corpus_lines,
+                "drawn": len(heldout.lines),
+                "seed": tc.seed,
+                "left_out_of_training": data.held_out,
+            }
         atomic_write_json(out / RUN_CONFIG_FILE, run_config)
     model.train()
     net: torch.nn.Module = model
@@ -175,9 +191,13 @@ def _log_data_check(tc: TrainConfig, bar: bool = False) -> None:
         flags = f"--src {tc.src}" + (f" --tgt {tc.tgt}" if tc.tgt else "")
         if tc.valid_src:
             flags += f" --valid-src {tc.valid_src} --valid-tgt {tc.valid_tgt}"
-        log.warning("data check: %s (%.1f s); `aiayn data check %s` shows examples and can "
-                    "write a cleaned corpus (docs/data.md)", report.summary(),
-                    time.monotonic() - t0, flags)  # fmt: skip
+        log.warning(
+            "data check: %s (%.1f s); `aiayn data check %s` shows examples and can "
+            "write a cleaned corpus (docs/data.md)",
+            report.summary(),
+            time.monotonic() - t0,
+            flags,
+        )
     else:
         log.info("data check: nothing found (%.1f s)", time.monotonic() - t0)
 
@@ -189,12 +209,19 @@ def _hold_out(tc: TrainConfig, out: Path, d: Dist) -> Heldout | None:
     heldout = hold_out(tc.src, tc.tgt or None, tc.seed)
     if not heldout.pairs:
         if d.main:
-            log.warning("no validation files, and %d lines are too few to hold 5%% out: "
-                        "training without validation", heldout.corpus_lines)  # fmt: skip
+            log.warning(
+                "no validation files, and %d lines are too few to hold 5%% out: "
+                "training without validation",
+                heldout.corpus_lines,
+            )
         return None
     if d.main:
         log.info(
             "no validation files: held out %d of %d training pairs (seed %d) as %s and %s in %s",
-            len(heldout.pairs), heldout.corpus_lines, tc.seed, *HELDOUT_FILES, out,
-        )  # fmt: skip
+            len(heldout.pairs),
+            heldout.corpus_lines,
+            tc.seed,
+            *HELDOUT_FILES,
+            out,
+        )
     return heldout

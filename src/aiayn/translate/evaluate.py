@@ -96,18 +96,24 @@ def sweep_alpha(
     rows, outputs = [], []
     for alpha in alphas:
         result = evaluate_lines(
-            translator, dataclasses.replace(cfg, alpha=alpha), src, refs,
-            batch_tokens=batch_tokens, progress=progress,
-        )  # fmt: skip
+            translator,
+            dataclasses.replace(cfg, alpha=alpha),
+            src,
+            refs,
+            batch_tokens=batch_tokens,
+            progress=progress,
+        )
         outputs.append(result["hypotheses"])
-        rows.append({
-            "alpha": alpha,
-            "bleu": result["bleu"]["score"],
-            "chrf": result["chrf"]["score"],
-            "length_ratio": result["length_ratio"],
-            "brevity_penalty": result["brevity_penalty"],
-            "current": alpha == cfg.alpha,
-        })  # fmt: skip
+        rows.append(
+            {
+                "alpha": alpha,
+                "bleu": result["bleu"]["score"],
+                "chrf": result["chrf"]["score"],
+                "length_ratio": result["length_ratio"],
+                "brevity_penalty": result["brevity_penalty"],
+                "current": alpha == cfg.alpha,
+            }
+        )
     keep = alphas.index(cfg.alpha)
     others = [(str(i), lines) for i, lines in enumerate(outputs) if i != keep]
     tested = iter(significance(outputs[keep], refs, others)["systems"][1:])

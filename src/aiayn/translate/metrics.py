@@ -69,8 +69,14 @@ def bleu(hyps: Sequence[str], refs: Sequence[str]) -> Score:
     metric = BLEU()
     result = metric.corpus_score(list(hyps), [list(refs)])
     ratio = result.sys_len / result.ref_len if result.ref_len else 0.0
-    return Score("BLEU", float(result.score), str(metric.get_signature()), str(result),
-                 ratio, float(result.bp))  # fmt: skip
+    return Score(
+        "BLEU",
+        float(result.score),
+        str(metric.get_signature()),
+        str(result),
+        ratio,
+        float(result.bp),
+    )
 
 
 def chrf(hyps: Sequence[str], refs: Sequence[str]) -> Score:
@@ -97,9 +103,14 @@ def bleu_by_source_length(
         if not idx:
             continue
         score = bleu([hyps[i] for i in idx], [refs[i] for i in idx])
-        out.append({"source_words": f"{lo + 1}-{hi}" if hi < bounds[-1] else f"{lo + 1}+",
-                    "sentences": len(idx), "bleu": score.score,
-                    "length_ratio": score.length_ratio})  # fmt: skip
+        out.append(
+            {
+                "source_words": f"{lo + 1}-{hi}" if hi < bounds[-1] else f"{lo + 1}+",
+                "sentences": len(idx),
+                "bleu": score.score,
+                "length_ratio": score.length_ratio,
+            }
+        )
     return out
 
 

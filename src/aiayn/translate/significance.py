@@ -85,8 +85,10 @@ def randomization_p(metric: Metric, a_NK: np.ndarray, b_NK: np.ndarray) -> float
     at least their observed |score(a) - score(b)|: each trial swaps the two outputs of the
     sentences its mask marks; p = (trials at least as far apart + 1) / (trials + 1)."""
     both = a_NK.sum(0) + b_NK.sum(0)
-    observed = abs(scores(metric, a_NK.sum(0, keepdims=True))[0]
-                   - scores(metric, b_NK.sum(0, keepdims=True))[0])  # fmt: skip
+    observed = abs(
+        scores(metric, a_NK.sum(0, keepdims=True))[0]
+        - scores(metric, b_NK.sum(0, keepdims=True))[0]
+    )
     delta_NK = b_NK - a_NK
     as_far = 0
     for mask in shuffle_masks(len(a_NK), RANDOMIZATION_TRIALS):
@@ -117,8 +119,10 @@ def significance(
     for other_name, other in others:
         if len(other) != len(hyps):
             raise DataError(f"{other_name} has {len(other)} lines but the test set has {len(hyps)}")
-    metrics: dict[str, Metric] = {"bleu": BLEU(tokenize=tokenize, force=tokenize == "none"),
-                                  "chrf": CHRF()}  # fmt: skip
+    metrics: dict[str, Metric] = {
+        "bleu": BLEU(tokenize=tokenize, force=tokenize == "none"),
+        "chrf": CHRF(),
+    }
     systems: list[dict[str, Any]] = [{"name": name}, *({"name": o} for o, _ in others)]
     signatures = {}
     outputs = [hyps, *(o for _, o in others)]
@@ -128,8 +132,11 @@ def significance(
         for i, (system, lines) in enumerate(zip(systems, outputs, strict=True)):
             stats = sentence_stats(metric, lines, refs) if i else first
             mean, half = interval(metric, stats)  # the same resamples for every system
-            entry = {"score": float(scores(metric, stats.sum(0, keepdims=True))[0]),
-                     "mean": mean, "ci95": half}  # fmt: skip
+            entry = {
+                "score": float(scores(metric, stats.sum(0, keepdims=True))[0]),
+                "mean": mean,
+                "ci95": half,
+            }
             if i:
                 entry["p_value"] = randomization_p(metric, first, stats)
             system[key] = entry
