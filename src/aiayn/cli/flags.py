@@ -121,12 +121,14 @@ def decode_setup(args: argparse.Namespace) -> tuple[Translator, DecodeConfig]:
     import logging
 
     from aiayn.interop.engines import load_translator
-    from aiayn.runtime.device import set_threads
+    from aiayn.runtime.device import resolve_device, set_threads
     from aiayn.search.limits import check_decode_config
-    from aiayn.store.directory import ModelDir
+    from aiayn.store.directory import ModelDir, is_export_dir
     from aiayn.translate.translator import Translator
 
     given = given_search_settings(args, SEARCH_FLAGS)
+    if not is_export_dir(args.model):  # a missing device is said before any file is read
+        resolve_device(args.device)
     opened = ModelDir.open(args.model)  # the one reading of the directory's description
     cfg = dataclasses.replace(opened.decode, **given)
     check_decode_config(cfg)

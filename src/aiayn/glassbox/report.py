@@ -93,10 +93,11 @@ def explain_report(
 
     Only what `view` shows is recorded (the rest would be copied and never printed), and at
     most `max_numel` numbers (`TraceTooLargeError` past it)."""
+    where = resolve_device(device)  # a missing device is said before any file is read
     opened = ModelDir.open(model_dir)
     cfg = opened.decode
     trace_settings(cfg, top_k, max_len, beam, overrides)  # bad settings fail before the load
-    model = opened.load_model(Transformer, resolve_device(device))
+    model = opened.load_model(Transformer, where)
     tok = opened.tokenizer
     trace = trace_sentence(model, tok, sentence, cfg, top_k=top_k, max_len=max_len, beam=beam,
                            overrides=overrides, want=view.shows if view else None,
