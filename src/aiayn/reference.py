@@ -2,7 +2,7 @@
 
 A second implementation to test the first against, and a companion for learners: every step of
 Figure 1 is a few lines of matrix arithmetic, one head at a time, in float64, in the style of
-the "random transformer" worked by hand (seed 003). It reads the weights of a torch
+the "random transformer" worked by hand (docs/worked_example.md). It reads the weights of a torch
 `Transformer` (its state dict as NumPy arrays) and shares no code with it.
 
     >>> weights = reference.weights_of(model)            # name -> np.ndarray

@@ -94,7 +94,7 @@ def fused_attention(
 
 
 def self_attention_unparameterised(x_BTD: Tensor) -> Tensor:
-    """The parameter-free self-attention of seed 000: y = softmax(X X^T) X, row-wise.
+    """The parameter-free self-attention the tutorials start from: y = softmax(X X^T) X, row-wise.
 
     Every output is a weighted average of the inputs, weighted by dot-product similarity.
     No projections and no scaling; permuting the input rows permutes the output rows.

@@ -1,5 +1,5 @@
-"""Encoder-only and decoder-only models from the Transformer's own blocks (seed 003's
-conclusion), and the registry of architectures a model directory may hold.
+"""Encoder-only and decoder-only models from the Transformer's own blocks (the
+tutorials' conclusion), and the registry of architectures a model directory may hold.
 
     EncoderClassifier   the encoder stack, mean-pooled over real tokens, a linear classifier
     DecoderLM           the encoder block run causally (a GPT block), tied output layer
@@ -17,7 +17,7 @@ from aiayn.runtime.kernels import Linear
 
 
 class EncoderClassifier(_ModelBase):
-    """Encoder-only variant (seed 003's conclusion): the encoder stack, mean-pooled, then a linear
+    """Encoder-only variant (for classification, as the tutorials end): the encoder stack, mean-pooled, then a linear
     classifier over `n_classes` (BERT-style sequence classification, without pre-training)."""
 
     def __init__(self, cfg: ModelConfig, n_classes: int) -> None:
@@ -45,7 +45,7 @@ class EncoderClassifier(_ModelBase):
 
 
 class DecoderLM(_ModelBase):
-    """Decoder-only causal language model (seed 003's conclusion, GPT-style): the encoder block
+    """Decoder-only causal language model (GPT-style, for free generation): the encoder block
     with a causal mask (no cross-attention, since there is no source), tied output layer."""
 
     def __init__(self, cfg: ModelConfig) -> None:

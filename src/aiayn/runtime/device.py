@@ -6,8 +6,8 @@
                                       fp32 otherwise, with the reason in words
 
 Native bf16 means: a CUDA GPU of compute capability 8.0 or newer (Ampere, Hopper, ...), or a
-CPU with AVX512-BF16 or AMX tiles. Elsewhere bf16 autocast is emulated: measured on an AMD
-EPYC with AVX2 only, one training step took 37.8x as long as in fp32. So "auto" never picks
+CPU with AVX512-BF16 or AMX tiles. Elsewhere bf16 autocast is emulated: measured on a CPU
+with AVX2 only, one training step took 37.8x as long as in fp32. So "auto" never picks
 it there, and asking for it anyway trains, with a warning.
 """
 
@@ -132,7 +132,7 @@ def choose_precision(
     auto: bf16 autocast where the hardware has it natively, else fp32 (with TF32 on a CUDA GPU
     that lacks bf16). For `decoding` on a CPU, auto is fp32 even with native bf16: the decoder's
     CPU fast path is oneDNN-prepacked fp32 weights, which autocast would bypass, and bf16
-    decoding measured slower there (AMD EPYC Zen 4: 1.1-1.3x the time, docs/decoding.md).
+    decoding measured slower there (1.1-1.3x the time, docs/decoding.md).
     An explicit "fp32" is strict fp32, TF32 off: what parity checks want. An explicit "bf16"
     where it is only emulated is honoured, with a warning.
     """

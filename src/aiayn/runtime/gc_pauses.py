@@ -4,7 +4,7 @@ and every pause measured for `/metrics`.
 CPython's cyclic collector stops the process while it runs (it holds the GIL). A full
 (generation 2) collection walks every container object the process keeps: torch, the model's
 modules, FastAPI and pydantic in a server, ~170 thousand objects once `aiayn.cli.main` is
-imported (~0.16 s a walk on an AMD EPYC Zen 3) and ~210 thousand in `aiayn serve`. Those
+imported (~0.16 s a walk) and ~210 thousand in `aiayn serve`. Those
 objects live as long as the process, so they are frozen into the collector's permanent
 generation (`gc.freeze`: never walked again; a frozen object is still freed when its last
 reference goes):
@@ -16,9 +16,9 @@ reference goes):
   `bench/serve_load.py` (32 clients) its full collections took 157-210 ms each, about every 10
   s, while every request in flight waited; frozen, ~5 ms.
 
-docs/benchmarks.md, "Garbage-collector pauses", has the measurements. `AIAYN_GC=default` in
+docs/lab/overhead.md, "Garbage-collector pauses", has the measurements. `AIAYN_GC=default` in
 the environment leaves the collector as it is. As a library, aiayn freezes nothing (but
-`aiayn.serve.run.serve`, which serves for the rest of the process).
+`aiayn.serve.launch.serve`, which serves for the rest of the process).
 
 `GcPauses` times every collection, by generation (the server's `/metrics` shows them:
 aiayn.serve.guard).

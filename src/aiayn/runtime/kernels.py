@@ -22,14 +22,14 @@ from torch import Tensor, nn
 #
 # Whatever the path, a row's result must not depend on how many rows share the call (a served
 # sentence is batched with whatever else is in flight, and must get the bits `aiayn translate`
-# gets). The prepacked product keeps that at every row count. On an AVX2-only CPU (measured on
-# an AMD EPYC Zen 3) a prepacked call costs a fixed ~50-90 us more than MKL's `F.linear`, which
+# gets). The prepacked product keeps that at every row count. On an AVX2-only CPU a prepacked
+# call costs a fixed ~50-90 us more than MKL's `F.linear`, which
 # is faster for weights under ~2^20 elements (1-7x at 1-32 rows); MKL gives a row other bits
 # in calls of 1, 2-3 and 4 or more rows, but the same bits at every count from 4 up. So there
 # small weights take `F.linear` with a call's rows padded to at least `PLAIN_MIN_ROWS`, once
 # `plain_rows_invariant` has seen that hold for the weight's shape and the thread count on
-# this machine (one thread: yes; two: no) (docs/benchmarks.md, "Small weights through
-# `F.linear` on AVX2").
+# this machine (one thread: yes; two: no) (docs/lab/decoding.md, "Small weights
+# through `F.linear` on AVX2").
 _ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(
     torch.ops.mkldnn, "_linear_pointwise"
 )
@@ -42,8 +42,8 @@ def plain_rows_invariant(in_features: int, out_features: int) -> bool:
     at any place in the call, for a weight of this shape on this machine's BLAS with the
     current number of torch threads: checked on random rows against one call of 260, at 8
     counts and offsets (a few ms, once per shape and thread count). With 2 threads MKL splits a
-    call's rows between them, a thread may get fewer than 4, and the check fails (measured on
-    a Zen 3)."""
+    call's rows between them, a thread may get fewer than 4, and the check fails (as on an
+    AVX2-only CPU)."""
     return _rows_invariant(in_features, out_features, torch.get_num_threads())
 
 
@@ -113,7 +113,7 @@ class Linear(nn.Linear):
         self._packed: dict[tuple[int, int], tuple[tuple[int, int, int], Tensor]] = {}
         # (rows, activation, torch threads) -> the path an inference call took and what it
         # needs (`_Plan`), so that later calls skip the checks that chose it: they cost ~20% of
-        # a one-row decoding step of the quick start model (docs/benchmarks.md, "A linear
+        # a one-row decoding step of the quick start model (docs/lab/overhead.md, "A linear
         # layer's checks made once").
         self._plans: dict[tuple[tuple[int, int] | None, str, int], _Plan] = {}
 

@@ -6,9 +6,9 @@ serves blocks above its mmap threshold (128 KiB, raised as large blocks are free
 32 MiB) with fresh pages from the kernel and hands them back on `free`, and it trims the top
 of its heap whenever more than twice that is free. Either way the next block of that size
 starts on untouched pages, and the first write to each costs a page fault (the kernel
-zeroes it): measured on an AMD EPYC Zen 3, one beam-4 pass over the quick start model's
+zeroes it): one beam-4 pass over the quick start model's
 1,000 test sentences took 136-188 thousand faults, 61-73 thousand with this module's
-setting, and ~20% less CPU (docs/benchmarks.md, "Freed memory kept for reuse"). jemalloc
+setting, and ~20% less CPU (docs/lab/decoding.md, "Freed memory kept for reuse"). jemalloc
 and tcmalloc keep freed pages by design; the same from glibc takes two settings, which
 `keep_freed_memory` makes through `mallopt`.
 

@@ -178,7 +178,7 @@ def padding_parts(sizes: Sequence[int], slack: int) -> list[list[int]]:
     one a single part.
 
     A server admits sentences as they arrive, not sorted like a file: one padded encoder batch
-    of them wastes a third to a half of its positions (docs/benchmarks.md). `slack` is the
+    of them wastes a third to a half of its positions (docs/lab/serving.md). `slack` is the
     padding a part may waste before another part (one more pass of the encoder's ops over
     fewer rows) costs less."""
     order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
@@ -200,7 +200,7 @@ def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> Tensor:
 
     One tensor of all the ids, written through a mask of the real positions: a tensor per row
     cost ~13 ms for a 600-sentence training batch (three per step), the host time of a small
-    model's whole GPU step; this takes ~1.4 ms (one thread of an AMD EPYC Zen 3)."""
+    model's whole GPU step; this takes ~1.4 ms (one CPU thread)."""
     lens_B = torch.tensor([len(r) for r in rows], dtype=torch.long)
     width = int(lens_B.max())
     out = torch.full((len(rows), width), pad_id, dtype=torch.long)

@@ -159,7 +159,7 @@ class Tokenizer(ABC):
 
 
 # SentencePiece's call on a list sets up its thread pool each time: 30-40 us of CPU a call
-# against ~6 us a short sentence (AMD EPYC Zen 4, one thread). A server's requests hold a few
+# against ~6 us a short sentence (one thread). A server's requests hold a few
 # sentences each, so fewer than this many are encoded one call each (the same ids).
 ONE_BY_ONE = 32
 

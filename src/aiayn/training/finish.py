@@ -70,7 +70,7 @@ def _write_average(run: Run) -> bool:
 # Length penalties tried on validation at the end of an averaging run (with the recipe's own
 # decode.alpha, which stays unless another is significantly better: sweep_alpha): the paper's
 # 0.6 and larger ones, which undertrained models' short beam outputs needed on Multi30k
-# (issue 15).
+# (docs/lab/budget_recipe.md).
 ALPHA_GRID = (0.6, 1.0, 1.4, 2.0)
 ALPHA_SENTENCES = 300  # validation sentences decoded per α: a bounded cost at a run's end
 

@@ -37,7 +37,7 @@ def label_smoothed_loss(
 
 # Rows of the P x V logits handled at once by the loss: their fp32 log-probabilities (~1 MiB)
 # stay in a CPU core's cache between the passes over them, where one P x V fp32 matrix went
-# through memory four times (docs/benchmarks.md, "The loss in chunks").
+# through memory four times (docs/lab/training.md, "The loss in chunks").
 CHUNK_BYTES = 1 << 20
 
 
@@ -54,12 +54,12 @@ class _SmoothedCE(torch.autograd.Function):
     - ε/V on each kept row (p the softmax). Autograd's own chain (log_softmax, gather, mean
     over V, and their backwards) takes about twice as long; on a CPU the P x V matrix is a large
     share of a small model's step (a 7,310 x 10,000 batch: 1.0-1.3 s fwd + bwd by autograd,
-    0.54-0.70 s in one pass over the whole matrix; one thread of an AMD EPYC Zen 3).
+    0.54-0.70 s in one pass over the whole matrix; one CPU thread).
 
     Both passes go through the rows in chunks (`_chunk_rows`), and the backward recomputes a
     chunk's log-probabilities from the saved logits rather than keeping a P x V fp32 matrix
     from the forward: every row gets the bits one pass over the whole matrix gave (the ops are
-    row-wise), in half the time with bf16 logits on an AMD EPYC Zen 4 (721 -> 360 ms for 7,740
+    row-wise), in half the time with bf16 logits on an AVX512-BF16 CPU (721 -> 360 ms for 7,740
     x 10,000, forward and backward) and a quarter less in fp32 (647 -> 489-503 ms)."""
 
     @staticmethod

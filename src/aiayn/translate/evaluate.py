@@ -59,10 +59,11 @@ def evaluate_lines(
 # A sweep moves away from the model's own α only when the best α's outputs differ from its
 # outputs by more than chance: p below SIGNIFICANCE_LEVEL over the number of other αs tried
 # (Bonferroni: the best of three is a selection, and one of three chance differences would
-# pass a plain 0.05 test one time in seven). Run H of docs/benchmarks.md shows why: at the end
-# of its training α 2.0 beat the recipe's 0.6 by 0.55 BLEU on the first 300 validation
-# sentences (p = 0.037, against 0.05 / 3), by 0.16 on all 1,014 (p = 0.43), and lost 0.3 and 0.9
-# BLEU to it on the two test sets.
+# pass a plain 0.05 test one time in seven). A run of the published Multi30k recipe showed
+# why (docs/lab/translation_quality.md, "The published recipe's whole 8,000 updates, on a
+# CPU"): at the end of its training α 2.0 beat the recipe's 0.6 by 0.55 BLEU on the first 300
+# validation sentences (p = 0.037, against 0.05 / 3), by 0.16 on all 1,014 (p = 0.43), and lost
+# 0.3 and 0.9 BLEU to it on the two test sets.
 SIGNIFICANCE_LEVEL = 0.05
 
 
