@@ -5,7 +5,7 @@ threads as an aiayn run, so that every claim against it is re-run with one comma
 
 - aiayn's joint SentencePiece tokenizer (`--tokenizer RUN_DIR` reuses an aiayn run's, else one
   of `--vocab-size` pieces is trained on the training text as `aiayn train` would);
-- aiayn's batches: `aiayn.text.data.batch_plan`, padded size <= `--max-tokens`, pairs over
+- aiayn's batches: `aiayn.text.batches.batch_plan`, padded size <= `--max-tokens`, pairs over
   `--max-len` tokens dropped, shuffled per epoch;
 - `MarianConfig` at its defaults (GELU FFN, dropout 0.1, HF's init with std 0.02) but for the
   size (d_model 256, 4 heads, 3+3 layers, FFN 1024), the vocabulary's special ids and
