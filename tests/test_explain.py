@@ -641,7 +641,7 @@ def test_cli_explain_records_only_its_view_and_is_bounded(model_dir, capsys):
     """A 1,000-token sentence held 13 GB and printed 2 GB for 13 minutes; the trace is now
     bounded (--max-trace-numbers) and what --layers/--heads/--steps leave out is not recorded
     (the narrowed run fits a budget the whole trace does not, and prints the same text)."""
-    from aiayn.glassbox.report import trace_sentence
+    from aiayn.glassbox.explain_report import trace_sentence
     from aiayn.store.directory import saved_decode_config
 
     narrow = ("--max-len", "3", "--layers", "1", "--heads", "2", "--steps", "1")
@@ -670,7 +670,7 @@ def test_a_source_over_max_len_is_cut_as_translate_cuts_it(loaded, caplog):
 
 
 def test_a_cut_source_is_said_once_with_the_beam_traced_too(loaded, caplog):
-    from aiayn.glassbox.report import trace_sentence
+    from aiayn.glassbox.explain_report import trace_sentence
 
     model, tok = loaded
     long = " ".join([SENTENCE] * 200)

@@ -491,8 +491,8 @@ def test_a_beam_limit_wider_than_the_vocabulary_is_refused(served_model_dir, tra
     refuses to start with such a `--max-beam` (in-process: a regression fails, never serves)."""
     from aiayn.errors import AiaynError
     from aiayn.serve.app import create_app
+    from aiayn.serve.handlers import ServeOptions
     from aiayn.serve.requests import Limits
-    from aiayn.serve.server import ServeOptions
 
     V = translator.model.cfg.vocab_size
     with pytest.raises(AiaynError, match=f"--max-beam {V + 1} exceeds the model's vocabulary"):
@@ -550,7 +550,7 @@ def test_the_listening_socket_sends_small_writes_at_once():
     keep-alive response written in two parts waited ~40 ms for the client's delayed ACK."""
     import socket
 
-    from aiayn.serve.run import listen
+    from aiayn.serve.launch import listen
 
     sock = listen("127.0.0.1", 0)
     try:

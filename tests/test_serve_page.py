@@ -169,8 +169,8 @@ def head_or_none(name: str, head: int) -> bool:
 
 def test_forward_pass_view_shows_every_stage_with_the_traces_numbers(chromium, server, tmp_path,
                                                                      served_model_dir):  # fmt: skip
+    from aiayn.glassbox.explain_report import explain_report
     from aiayn.glassbox.render import View
-    from aiayn.glassbox.report import explain_report
 
     open_page(chromium, server)
     q = chromium.js("document.getElementById('src').value")

@@ -77,8 +77,8 @@ _EXPLAIN_SEARCH_FLAGS = {  # DecodeConfig field -> argparse dest
 
 def run_explain(args: argparse.Namespace) -> int:
     from aiayn.glassbox.explain import BeamTraceTooLargeError
+    from aiayn.glassbox.explain_report import explain_report
     from aiayn.glassbox.render import View, parse_indices
-    from aiayn.glassbox.report import explain_report
     from aiayn.glassbox.seed_example import seed_example_json, seed_example_text
     from aiayn.nn.tracing import TraceTooLargeError
 

@@ -142,9 +142,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     try:
+        from aiayn.serve.handlers import ServeOptions
+        from aiayn.serve.launch import serve
         from aiayn.serve.requests import Limits
-        from aiayn.serve.run import serve
-        from aiayn.serve.server import ServeOptions
     except ImportError as e:  # the serve extra is optional
         raise AiaynError(f"serve needs the serve extra (pip install -e '.[serve]'): {e}") from None
     positive = (

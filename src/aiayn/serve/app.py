@@ -46,6 +46,7 @@ from starlette.exceptions import HTTPException
 
 from aiayn import __version__
 from aiayn.serve.guard import Accounting, Guard, error_response
+from aiayn.serve.handlers import ServeOptions, Server
 from aiayn.serve.requests import (
     ApiError,
     ErrorBody,
@@ -55,7 +56,6 @@ from aiayn.serve.requests import (
     language_name,
     validation_message,
 )
-from aiayn.serve.server import ServeOptions, Server
 from aiayn.store.directory import ModelDir
 from aiayn.translate.translator import Translator
 

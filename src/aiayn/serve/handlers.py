@@ -24,8 +24,8 @@ from starlette.types import Receive
 from aiayn import __version__
 from aiayn.config import DecodeConfig, to_dict
 from aiayn.errors import AiaynError
+from aiayn.glassbox.explain_report import trace_sentence, trace_settings
 from aiayn.glassbox.render import View, to_json
-from aiayn.glassbox.report import trace_sentence, trace_settings
 from aiayn.nn.tracing import TraceTooLargeError
 from aiayn.search.limits import MAX_ROWS, search_rows
 from aiayn.serve.batcher import Batcher

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from aiayn.errors import AiaynError
 from aiayn.runtime.gc_pauses import freeze_startup
 from aiayn.serve.app import create_app
-from aiayn.serve.server import ServeOptions
+from aiayn.serve.handlers import ServeOptions
 from aiayn.store.directory import ModelDir
 from aiayn.translate.translator import Translator
 
