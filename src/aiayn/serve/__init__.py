@@ -1,4 +1,6 @@
-"""`aiayn serve`: the HTTP app (LibreTranslate's API and aiayn's own), its handlers' logic,
-the request models bounded by the server's limits, the guard and metrics middleware, the model
-worker that batches concurrent requests in turns, and running and draining the server.
+"""`aiayn serve`: the HTTP app, LibreTranslate's API and aiayn's own (`app`), its handlers'
+logic (`handlers`), the request models bounded by the server's limits (`requests`), the guard
+and metrics middleware (`guard`), the model worker that batches concurrent requests in turns
+(`batcher`, `jobs`) or runs them as continuous batches (`streams`), and starting, running and
+draining the server (`launch`).
 """
