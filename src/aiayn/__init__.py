@@ -3,7 +3,7 @@
 `import aiayn` loads the configuration and the errors only; every other name (the network of
 aiayn.nn, search, storage, translation, training, the glass box) is imported on first use
 (PEP 562), so `from aiayn import Transformer` works while `aiayn --help` and `aiayn data check`
-never import torch (~1.6 s of a 2 s `aiayn --help` on an AMD EPYC Zen 4).
+never import torch (~1.6 s of a 2 s `aiayn --help`).
 """
 
 import importlib
