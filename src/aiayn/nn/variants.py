@@ -17,8 +17,9 @@ from aiayn.runtime.kernels import Linear
 
 
 class EncoderClassifier(_ModelBase):
-    """Encoder-only variant (for classification, as the tutorials end): the encoder stack, mean-pooled, then a linear
-    classifier over `n_classes` (BERT-style sequence classification, without pre-training)."""
+    """Encoder-only variant (for classification, as the tutorials end): the encoder stack,
+    mean-pooled, then a linear classifier over `n_classes` (BERT-style sequence
+    classification, without pre-training)."""
 
     def __init__(self, cfg: ModelConfig, n_classes: int) -> None:
         super().__init__()
