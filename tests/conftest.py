@@ -6,6 +6,7 @@ import shutil
 import pytest
 import torch
 from hypothesis import settings
+from paths import MULTI30K
 
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=20)
 settings.register_profile("dev", deadline=None, max_examples=20)
@@ -13,9 +14,6 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 # Two cores: keep torch from oversubscribing when pytest-xdist or helpers run beside us.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
-
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared")
-MULTI30K = os.path.normpath(os.path.join(SHARED, "data", "multi30k"))
 
 
 @pytest.fixture

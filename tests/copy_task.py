@@ -10,11 +10,10 @@ import random
 from pathlib import Path
 
 import torch
+from paths import CONFIGS
 
 from aiayn.config import load_config
 from aiayn.store.model_dir import load_model_dir, load_tensors
-
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 def write_copy_corpus(directory: Path, n: int = 400, seed: int = 0) -> dict[str, str]:

@@ -1,9 +1,9 @@
 """Frozen configs, TOML files and typed --set overrides."""
 
 import dataclasses
-from pathlib import Path
 
 import pytest
+from paths import CONFIGS as CONFIG_DIR
 
 from aiayn.config import Config, ModelConfig, apply_overrides, builtin_configs, load_config
 from aiayn.errors import ConfigError
@@ -76,7 +76,7 @@ def test_bad_files_are_clear(tmp_path):
         load_config(bad)
 
 
-CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.toml"))
+CONFIGS = sorted(CONFIG_DIR.glob("*.toml"))
 
 
 def test_the_recipes_are_built_in_by_name(tmp_path, monkeypatch):
@@ -115,7 +115,7 @@ def test_the_budget_recipe_is_the_measured_one():
     """configs/multi30k_tiny_budget.toml is the recipe docs/benchmarks.md measured (#15):
     the published tiny architecture, dropout 0.1, cosine to 0 fitted to the time budget,
     the last 5 checkpoints of the schedule averaged."""
-    cfg = load_config(Path(__file__).resolve().parent.parent / "configs/multi30k_tiny_budget.toml")
+    cfg = load_config(CONFIG_DIR / "multi30k_tiny_budget.toml")
     m, t = cfg.model, cfg.train
     assert (m.d_model, m.n_heads, m.n_layers, m.d_ff, m.dropout) == (128, 4, 4, 256, 0.1)
     assert (t.lr_schedule, t.lr, t.warmup_steps, t.average_last) == ("cosine_budget", 3e-3, 300, 5)

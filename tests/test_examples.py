@@ -3,12 +3,10 @@
 import importlib.util
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from paths import EXAMPLES
 
 
 def load(name: str):

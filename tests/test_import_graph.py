@@ -12,7 +12,8 @@ import re
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from paths import ROOT
+
 PACKAGE = ROOT / "src" / "aiayn"
 
 # The top-level modules, bottom to top: every package may import them.

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
+from paths import NOTEBOOKS
 
 nbformat = pytest.importorskip("nbformat", reason="pip install .[test] (nbformat)")
 nbclient = pytest.importorskip("nbclient", reason="pip install .[test] (nbclient)")
@@ -20,7 +21,6 @@ pytest.importorskip("ipykernel", reason="pip install .[test] (ipykernel)")
 
 import aiayn  # noqa: E402
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 SRC = Path(aiayn.__file__).resolve().parent.parent  # the aiayn these tests import, for the kernel
 
 # What each notebook must print (or draw) once it has run to the end.
