@@ -21,8 +21,10 @@ def page_data(examples: list[AttentionExample], titles: list[str] | None = None)
         kinds = {}
         for kind in ex.maps:
             rows, cols = ex.labels(kind)
-            w = [[[[round(float(v), 4) for v in row] for row in head] for head in layer]
-                 for layer in ex.maps[kind]]  # fmt: skip
+            w = [
+                [[[round(float(v), 4) for v in row] for row in head] for head in layer]
+                for layer in ex.maps[kind]
+            ]
             kinds[kind] = {"rows": rows, "cols": cols, "w": w}
         title = titles[i] if titles else " ".join(ex.src)
         data.append({"title": title, "out": ex.out, "kinds": kinds})

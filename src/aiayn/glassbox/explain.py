@@ -1,4 +1,4 @@
-"""The glass box: one sentence through a trained model, every intermediate named (issue 6).
+"""The glass box: one sentence through a trained model, every intermediate named.
 
 `explain(model, tok, "sentence")` runs `aiayn.search.decode`'s own greedy search (or sampling) under
 `aiayn.nn.tracing.tracing()` and watches it through the search's `on_step` hook: the encoder
@@ -103,8 +103,13 @@ def source_ids(model: Transformer, tok: Tokenizer, sentence: str, warn: bool = T
         raise AiaynError("the sentence to explain is empty")
     ids, limit = tok.encode(text), model.cfg.max_len
     if len(ids) > limit and warn:
-        log.warning("the sentence has %d tokens, more than the model's max_len=%d; explaining "
-                    "only its first %d tokens", len(ids) - 1, limit, limit - 1)  # fmt: skip
+        log.warning(
+            "the sentence has %d tokens, more than the model's max_len=%d; explaining "
+            "only its first %d tokens",
+            len(ids) - 1,
+            limit,
+            limit - 1,
+        )
     return tok.cut(ids, limit)
 
 
@@ -314,10 +319,18 @@ def trace_beam(
             )
         live = [hyp(list(h.tokens), h.log_prob, h.score) for h in view.live]
         cands = [
-            BeamCandidate(c.rank, c.parent, c.token, tok.pieces([c.token])[0], c.log_prob,
-                          c.score, c.fate, _reason(c.fate, c.why, N))
+            BeamCandidate(
+                c.rank,
+                c.parent,
+                c.token,
+                tok.pieces([c.token])[0],
+                c.log_prob,
+                c.score,
+                c.fate,
+                _reason(c.fate, c.why, N),
+            )
             for c in view.candidates
-        ]  # fmt: skip
+        ]
         out.steps.append(BeamStep(view.t, live, cands))
         for f in view.finished:
             done = hyp(f.hyp.tokens, f.hyp.log_prob, f.hyp.score)

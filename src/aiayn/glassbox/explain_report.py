@@ -66,11 +66,13 @@ def trace_sentence(
     (`aiayn.glassbox.explain.trace_beam`).
     """
     cfg, beam_cfg = trace_settings(cfg, top_k, max_len, beam, overrides, model.cfg.vocab_size)
-    trace = explain(model, tok, sentence, top_k=top_k, max_len=max_len, cfg=cfg, want=want,
-                    max_numel=max_numel)  # fmt: skip
+    trace = explain(
+        model, tok, sentence, top_k=top_k, max_len=max_len, cfg=cfg, want=want, max_numel=max_numel
+    )
     if beam:  # warn=False: a sentence cut to the model's length was said by explain, once
-        trace.beam = trace_beam(model, tok, sentence, beam_cfg, max_len=max_len,
-                                max_numel=max_numel, warn=False)  # fmt: skip
+        trace.beam = trace_beam(
+            model, tok, sentence, beam_cfg, max_len=max_len, max_numel=max_numel, warn=False
+        )
     return trace
 
 
@@ -99,8 +101,17 @@ def explain_report(
     trace_settings(cfg, top_k, max_len, beam, overrides)  # bad settings fail before the load
     model = opened.load_model(Transformer, where)
     tok = opened.tokenizer
-    trace = trace_sentence(model, tok, sentence, cfg, top_k=top_k, max_len=max_len, beam=beam,
-                           overrides=overrides, want=view.shows if view else None,
-                           max_numel=max_numel)  # fmt: skip
+    trace = trace_sentence(
+        model,
+        tok,
+        sentence,
+        cfg,
+        top_k=top_k,
+        max_len=max_len,
+        beam=beam,
+        overrides=overrides,
+        want=view.shows if view else None,
+        max_numel=max_numel,
+    )
     render = {"text": to_text, "json": to_json_text, "html": to_html}[fmt]
     return render(trace, view)

@@ -54,8 +54,16 @@ def _values(x: Tensor) -> list[float | None]:
     return [None if v == float("-inf") else v for v in x.double().tolist()]
 
 
-def _cells(row: Sequence[float | None], x0: float, y: float, name: str, r: int,
-           cols: Sequence[str], unit: bool, size: int = CELL) -> list[str]:  # fmt: skip
+def _cells(
+    row: Sequence[float | None],
+    x0: float,
+    y: float,
+    name: str,
+    r: int,
+    cols: Sequence[str],
+    unit: bool,
+    size: int = CELL,
+) -> list[str]:
     finite = [abs(v) for v in row if v is not None]
     scale = max(finite, default=0.0)
     out = []
@@ -71,12 +79,20 @@ def _cells(row: Sequence[float | None], x0: float, y: float, name: str, r: int,
 
 
 def _svg(parts: list[str], width: float, height: float) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-            f'font-family="sans-serif" font-size="12">{"".join(parts)}</svg>')  # fmt: skip
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+        f'font-family="sans-serif" font-size="12">{"".join(parts)}</svg>'
+    )
 
 
-def _check_place(ex: Explanation, layer: int, head: int | str, *, source: int | None = None,
-                 step: int | None = None) -> None:  # fmt: skip
+def _check_place(
+    ex: Explanation,
+    layer: int,
+    head: int | str,
+    *,
+    source: int | None = None,
+    step: int | None = None,
+) -> None:
     """A layer, head, source piece or step that the explanation does not have is a ValueError
     naming what it has (a KeyError on a tensor name, or an IndexError, before)."""
     n_layers, n_heads = ex.layers_and_heads()
@@ -97,9 +113,17 @@ class MatrixView:
     an FFN's 1,000 x 2,048 hidden layer would be two million of them); the title says so.
     """
 
-    def __init__(self, value: Tensor, rows: Sequence[str] | None = None,
-                 cols: Sequence[str] | None = None, title: str = "", unit: bool = False,
-                 name: str = "", max_rows: int = 256, max_cols: int = 256) -> None:  # fmt: skip
+    def __init__(
+        self,
+        value: Tensor,
+        rows: Sequence[str] | None = None,
+        cols: Sequence[str] | None = None,
+        title: str = "",
+        unit: bool = False,
+        name: str = "",
+        max_rows: int = 256,
+        max_cols: int = 256,
+    ) -> None:
         if value.dim() not in (1, 2):
             raise ValueError(f"a 1-D or 2-D tensor is drawn, got shape {tuple(value.shape)}")
         if min(max_rows, max_cols) < 1:
@@ -109,8 +133,10 @@ class MatrixView:
         self.rows = list(rows) if rows is not None else [str(i) for i in range(n_rows)]
         self.cols = list(cols) if cols is not None else [f"d{j}" for j in range(n_cols)]
         if (len(self.rows), len(self.cols)) != (n_rows, n_cols):
-            raise ValueError(f"{len(self.rows)} row and {len(self.cols)} column labels for a "
-                             f"{n_rows} x {n_cols} tensor")  # fmt: skip
+            raise ValueError(
+                f"{len(self.rows)} row and {len(self.cols)} column labels for a "
+                f"{n_rows} x {n_cols} tensor"
+            )
         self.title, self.unit, self.name = title, unit, name or title
         self.max_rows, self.max_cols = max_rows, max_cols
 
@@ -125,12 +151,15 @@ class MatrixView:
         parts = []
         for j, c in enumerate(self.cols[: shown.size(1)] if size > 10 else []):
             x = left + j * size + size * 0.6
-            parts.append(f'<text x="{x}" y="{top - 4}" transform="rotate(-60 {x} {top - 4})">'
-                         f"{esc(c)}</text>")  # fmt: skip
+            parts.append(
+                f'<text x="{x}" y="{top - 4}" transform="rotate(-60 {x} {top - 4})">{esc(c)}</text>'
+            )
         for i, row in enumerate(shown):
             y = top + i * size
-            parts.append(f'<text x="{left - 4}" y="{y + size * 0.7}" text-anchor="end">'
-                         f"{esc(self.rows[i])}</text>")  # fmt: skip
+            parts.append(
+                f'<text x="{left - 4}" y="{y + size * 0.7}" text-anchor="end">'
+                f"{esc(self.rows[i])}</text>"
+            )
             parts += _cells(_values(row), left, y, self.name, i, self.cols, self.unit, size)
         width = left + size * shown.size(1) + 10
         svg = _svg(parts, width, top + size * shown.size(0) + 4)
@@ -144,8 +173,9 @@ class AttentionView(MatrixView):
     (rows: produced tokens, columns: the tokens fed, BOS first).
     """
 
-    def __init__(self, ex: Explanation, kind: str = "cross", layer: int = 0,
-                 head: int | str = 1) -> None:  # fmt: skip
+    def __init__(
+        self, ex: Explanation, kind: str = "cross", layer: int = 0, head: int | str = 1
+    ) -> None:
         if kind not in ("cross", "enc_self", "dec_self"):  # "crss" drew decoder self-attention
             raise ValueError(f"kind={kind!r}: choose 'cross', 'enc_self' or 'dec_self'")
         _check_place(ex, layer, head)
@@ -173,17 +203,27 @@ class AttentionView(MatrixView):
         super().__init__(w, rows, cols, title, unit=True, name=title)
 
 
-def _stages(ex: Explanation, layer: int, head: int, source: int | None,
-            step: int | None) -> list[tuple[str, list[tuple[str, str, str, int]]]]:  # fmt: skip
+def _stages(
+    ex: Explanation, layer: int, head: int, source: int | None, step: int | None
+) -> list[tuple[str, list[tuple[str, str, str, int]]]]:
     """[(stage title, [(label, shape, stable name, row)])]: the chain of one position."""
     enc = step is None
     pre, r = ("encoder", int(source or 0)) if enc else (f"step{step}.decoder", 0)
-    out = [("Input embedding and positional encoding (§3.4, §3.5)", [
-        ("embedding × √d_model", "1 × d_model", f"{pre}.embed.tokens", r),
-        ("PE(pos)", "1 × d_model", f"{pre}.embed.positions", r),
-        ("x = embedding + PE", "1 × d_model", f"{pre}.embed.sum", r)])]  # fmt: skip
-    blocks = [("self_attn", "self-attention")] if enc else [
-        ("self_attn", "masked self-attention"), ("cross_attn", "cross-attention")]  # fmt: skip
+    out = [
+        (
+            "Input embedding and positional encoding (§3.4, §3.5)",
+            [
+                ("embedding × √d_model", "1 × d_model", f"{pre}.embed.tokens", r),
+                ("PE(pos)", "1 × d_model", f"{pre}.embed.positions", r),
+                ("x = embedding + PE", "1 × d_model", f"{pre}.embed.sum", r),
+            ],
+        )
+    ]
+    blocks = (
+        [("self_attn", "self-attention")]
+        if enc
+        else [("self_attn", "masked self-attention"), ("cross_attn", "cross-attention")]
+    )
     for sub, (attn, title) in enumerate(blocks, start=1):
         p, hp = f"{pre}.{layer}.{attn}", f"{pre}.{layer}.{attn}.head{head}"
         kv = f"step0.decoder.{layer}.cross_attn.head{head}" if attn == "cross_attn" else hp
@@ -193,26 +233,40 @@ def _stages(ex: Explanation, layer: int, head: int, source: int | None,
             rows += [
                 (f"{leaf.upper()} row {i}", "n × d_k", f"{kv}.{leaf}", i) for i in range(n_keys)
             ]
-        rows += [("scores Q Kᵀ", "1 × n", f"{hp}.scores", r),
-                 ("Q Kᵀ / √d_k", "1 × n", f"{hp}.scores_scaled", r),
-                 ("+ mask", "1 × n", f"{hp}.scores_masked", r),
-                 ("softmax", "1 × n", f"{hp}.weights", r),
-                 ("weights · V", "1 × d_k", f"{hp}.output", r),
-                 ("Concat(head_1..head_h)", "1 × h·d_k", f"{p}.concat", r),
-                 ("· W^O + b^O", "1 × d_model", f"{p}.output", r),
-                 ("x + Sublayer(x)", "1 × d_model", f"{pre}.{layer}.residual{sub}", r),
-                 ("LayerNorm", "1 × d_model", f"{pre}.{layer}.norm{sub}", r)]  # fmt: skip
+        rows += [
+            ("scores Q Kᵀ", "1 × n", f"{hp}.scores", r),
+            ("Q Kᵀ / √d_k", "1 × n", f"{hp}.scores_scaled", r),
+            ("+ mask", "1 × n", f"{hp}.scores_masked", r),
+            ("softmax", "1 × n", f"{hp}.weights", r),
+            ("weights · V", "1 × d_k", f"{hp}.output", r),
+            ("Concat(head_1..head_h)", "1 × h·d_k", f"{p}.concat", r),
+            ("· W^O + b^O", "1 × d_model", f"{p}.output", r),
+            ("x + Sublayer(x)", "1 × d_model", f"{pre}.{layer}.residual{sub}", r),
+            ("LayerNorm", "1 × d_model", f"{pre}.{layer}.norm{sub}", r),
+        ]
         out.append((f"Layer {layer}: {title}, head {head} (§3.2)", rows))
     sub = len(blocks) + 1
-    out.append((f"Layer {layer}: feed-forward network (§3.3)", [
-        ("max(0, x W₁ + b₁)", "1 × d_ff", f"{pre}.{layer}.ffn.hidden", r),
-        ("· W₂ + b₂", "1 × d_model", f"{pre}.{layer}.ffn.output", r),
-        ("x + FFN(x)", "1 × d_model", f"{pre}.{layer}.residual{sub}", r),
-        ("LayerNorm", "1 × d_model", f"{pre}.{layer}.norm{sub}", r)]))  # fmt: skip
+    out.append(
+        (
+            f"Layer {layer}: feed-forward network (§3.3)",
+            [
+                ("max(0, x W₁ + b₁)", "1 × d_ff", f"{pre}.{layer}.ffn.hidden", r),
+                ("· W₂ + b₂", "1 × d_model", f"{pre}.{layer}.ffn.output", r),
+                ("x + FFN(x)", "1 × d_model", f"{pre}.{layer}.residual{sub}", r),
+                ("LayerNorm", "1 × d_model", f"{pre}.{layer}.norm{sub}", r),
+            ],
+        )
+    )
     if not enc:
-        out.append((f"Output at step {step} (from the last layer; §3.4)", [
-            ("logits", "1 × vocab", f"step{step}.logits", 0),
-            ("softmax(logits)", "1 × vocab", f"step{step}.probs", 0)]))  # fmt: skip
+        out.append(
+            (
+                f"Output at step {step} (from the last layer; §3.4)",
+                [
+                    ("logits", "1 × vocab", f"step{step}.logits", 0),
+                    ("softmax(logits)", "1 × vocab", f"step{step}.probs", 0),
+                ],
+            )
+        )
     return out
 
 
@@ -221,8 +275,16 @@ class ForwardPassView:
     (a decoding step, up to the logits). `dims` limits the model dimensions drawn per vector
     (rows over the keys keep every key); each row's L2 norm is printed."""
 
-    def __init__(self, ex: Explanation, layer: int = 0, head: int = 1, *, source: int | None = None,
-                 step: int | None = None, dims: int = 16) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ex: Explanation,
+        layer: int = 0,
+        head: int = 1,
+        *,
+        source: int | None = None,
+        step: int | None = None,
+        dims: int = 16,
+    ) -> None:
         if (source is None) == (step is None):
             raise ValueError("give source=i or step=t")
         _check_place(ex, layer, head, source=source, step=step)
@@ -259,19 +321,25 @@ class ForwardPassView:
                 finite = row[row.isfinite()].double()
                 norm = float(finite.norm()) if finite.numel() else 0.0
                 more = f"… +{row.numel() - n}  " if n < row.numel() else ""
-                parts.append(f'<text x="12" y="{y + 11}">{esc(label)}</text><text x="12" '
-                             f'y="{y + 23}" font-size="10" fill="#667">{esc(shape)} = 1 × '
-                             f"{row.numel()}  {esc(name)}</text>")  # fmt: skip
+                parts.append(
+                    f'<text x="12" y="{y + 11}">{esc(label)}</text><text x="12" '
+                    f'y="{y + 23}" font-size="10" fill="#667">{esc(shape)} = 1 × '
+                    f"{row.numel()}  {esc(name)}</text>"
+                )
                 parts += _cells(_values(row[:n]), LABEL, y + 4, name, r, cols, unit)
-                parts.append(f'<text x="{LABEL + n * CELL + 6}" y="{y + 15}" font-size="10">'
-                             f"{more}‖row‖ = {norm:.4f}{esc(extra)}</text>")  # fmt: skip
+                parts.append(
+                    f'<text x="{LABEL + n * CELL + 6}" y="{y + 15}" font-size="10">'
+                    f"{more}‖row‖ = {norm:.4f}{esc(extra)}</text>"
+                )
                 y += 30
         if self.step is not None:
             s = ex.steps[self.step]
             top = ", ".join(f"{p} {prob:.3f}" for _, p, prob in s.top)
-            parts.append(f'<text x="12" y="{y + 12}">top: {esc(top)}; chosen: '
-                         f"<tspan font-weight='bold' fill='#c0392b'>{esc(s.chosen_piece)}"
-                         "</tspan></text>")  # fmt: skip
+            parts.append(
+                f'<text x="12" y="{y + 12}">top: {esc(top)}; chosen: '
+                f"<tspan font-weight='bold' fill='#c0392b'>{esc(s.chosen_piece)}"
+                "</tspan></text>"
+            )
             y += 20
         width = LABEL + CELL * max(self.dims, len(ex.src_pieces), len(ex.steps) + 1) + 280
         return f'<div class="aiayn-nb">{_STYLE}{_svg(parts, width, y + 6)}</div>'
@@ -287,23 +355,33 @@ class BeamView:
 
     def _repr_html_(self) -> str:
         b = self.beam
-        out = [f'<div class="aiayn-nb">{_STYLE}<h4>beam search: beam {b.beam_size}, '
-               f"α = {b.alpha} (lp(Y) = {LENGTH_PENALTY_FORMULAS[b.length_penalty]}), at most "
-               f"{b.max_len} tokens</h4>"]  # fmt: skip
+        out = [
+            f'<div class="aiayn-nb">{_STYLE}<h4>beam search: beam {b.beam_size}, '
+            f"α = {b.alpha} (lp(Y) = {LENGTH_PENALTY_FORMULAS[b.length_penalty]}), at most "
+            f"{b.max_len} tokens</h4>"
+        ]
         for step in b.steps:
-            out.append(f"<h4>step {step.t}</h4><table><tr><th>rank</th><th>hypothesis + token"
-                       "</th><th>log p</th><th>score</th><th>fate</th></tr>")  # fmt: skip
+            out.append(
+                f"<h4>step {step.t}</h4><table><tr><th>rank</th><th>hypothesis + token"
+                "</th><th>log p</th><th>score</th><th>fate</th></tr>"
+            )
             for c in step.candidates:
                 parent = step.live[c.parent].text()
-                out.append(f'<tr class="{c.status}" title="{esc(c.reason)}"><td>{c.rank}</td>'
-                           f"<td>{esc(parent)} <b>{esc(c.piece)}</b></td><td>{c.log_prob:.4f}</td>"
-                           f"<td>{c.score:.4f}</td><td>{c.status}</td></tr>")  # fmt: skip
+                out.append(
+                    f'<tr class="{c.status}" title="{esc(c.reason)}"><td>{c.rank}</td>'
+                    f"<td>{esc(parent)} <b>{esc(c.piece)}</b></td><td>{c.log_prob:.4f}</td>"
+                    f"<td>{c.score:.4f}</td><td>{c.status}</td></tr>"
+                )
             out.append("</table>")
-        out.append(f"<p>stopped: {esc(b.stop_reason)}</p><table><tr><th>finished</th>"
-                   "<th>log p</th><th>score</th></tr>")  # fmt: skip
+        out.append(
+            f"<p>stopped: {esc(b.stop_reason)}</p><table><tr><th>finished</th>"
+            "<th>log p</th><th>score</th></tr>"
+        )
         for h in sorted(b.finished, key=lambda h: -h.score):
-            out.append(f'<tr class="finished"><td>{esc(h.text())}</td><td>{h.log_prob:.4f}</td>'
-                       f"<td>{h.score:.4f}</td></tr>")  # fmt: skip
+            out.append(
+                f'<tr class="finished"><td>{esc(h.text())}</td><td>{h.log_prob:.4f}</td>'
+                f"<td>{h.score:.4f}</td></tr>"
+            )
         best = f"<p>output: <b>{esc(b.best.text())}</b></p>" if b.finished else ""
         return "".join(out) + "</table>" + best + "</div>"
 
@@ -331,11 +409,15 @@ class SeedExampleView:
                     " (what the seed printed: wrong)" if item["label"].startswith("seed 00") else ""
                 )
                 cells = "".join(
-                    "<tr>" + "".join(f"<td>{_seed_number(v, item['decimals'])}</td>" for v in r)
-                    + "</tr>" for r in rows
-                )  # fmt: skip
-                out.append(f'<table data-label="{esc(item["label"])}"><caption>'
-                           f"{esc(item['label'])}{wrong}</caption>{cells}</table>")  # fmt: skip
+                    "<tr>"
+                    + "".join(f"<td>{_seed_number(v, item['decimals'])}</td>" for v in r)
+                    + "</tr>"
+                    for r in rows
+                )
+                out.append(
+                    f'<table data-label="{esc(item["label"])}"><caption>'
+                    f"{esc(item['label'])}{wrong}</caption>{cells}</table>"
+                )
         return "".join(out) + "</div>"
 
 

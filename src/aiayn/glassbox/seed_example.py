@@ -1,8 +1,11 @@
 """`aiayn explain --seed-example`: the seeds' hand-worked numbers, replayed by the real model code.
 
+The seeds are the five tutorial posts aiayn grew from (000-004, as docs/worked_example.md
+numbers them): "seed 003" is the fourth post, never a random seed.
+
 §1 (seed 003): two-head self-attention on "Hello World" with the seed's own matrices, loaded
-into `aiayn.nn.model.MultiHeadAttention` (x @ W is `nn.Linear` with weight W^T, zero biases), run
-under `tracing()` in float64 so every printed number comes from the module itself.
+into `aiayn.nn.attention.MultiHeadAttention` (x @ W is `nn.Linear` with weight W^T, zero
+biases), run under `tracing()` in float64 so every printed number comes from the module.
 §2 (seeds 003, 004): `sinusoidal_positions` beside the seeds' wrong values.
 §3 (seed 004): causal self-attention through the same module with `causal=True`.
 See docs/worked_example.md; the labels below are the ones it uses.
@@ -102,8 +105,9 @@ class Matrix:
 Item = str | Matrix  # a line of prose, or a matrix
 
 
-def mat(label: str, value: Tensor | list, fmt: Callable[[float], str] = num,
-        decimals: int = 8) -> Matrix:  # fmt: skip
+def mat(
+    label: str, value: Tensor | list, fmt: Callable[[float], str] = num, decimals: int = 8
+) -> Matrix:
     rows = value.tolist() if isinstance(value, Tensor) else value
     return Matrix(label, rows, fmt, decimals)
 
@@ -305,10 +309,10 @@ def seed_example_json() -> dict:
         items: list[dict] = []
         for item in part[1:]:
             if isinstance(item, Matrix):
-                items.append({"label": item.label, "data": _jsonable(item.rows),
-                              "decimals": item.decimals})  # fmt: skip
+                items.append(
+                    {"label": item.label, "data": _jsonable(item.rows), "decimals": item.decimals}
+                )
             elif item:
                 items.append({"text": item})
         sections.append({"title": title, "items": items})
-    return {"format": "aiayn.seed_example/1", "doc": "docs/worked_example.md",
-            "sections": sections}  # fmt: skip
+    return {"format": "aiayn.seed_example/1", "doc": "docs/worked_example.md", "sections": sections}

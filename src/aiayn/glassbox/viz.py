@@ -86,8 +86,10 @@ def figure_format(path: str | Path) -> str:
     fmt = path.suffix.lstrip(".").lower() or "png"
     formats = FigureCanvasBase.get_supported_filetypes()
     if fmt not in formats:
-        raise AiaynError(f"--out {path}: .{fmt} is not an image format that can be written "
-                         f"(png, svg, pdf, jpg, ...: {', '.join(sorted(formats))})")  # fmt: skip
+        raise AiaynError(
+            f"--out {path}: .{fmt} is not an image format that can be written "
+            f"(png, svg, pdf, jpg, ...: {', '.join(sorted(formats))})"
+        )
     return fmt
 
 
@@ -177,8 +179,13 @@ def attention_for_inputs(
     ids = [tok.encode(source_text(s), bos=kind == "lm_self") for s in sentences]
     for i, row in enumerate(ids):  # cut as a translation's source is (explain.source_ids)
         if len(row) > limit:
-            log.warning("sentence %d has %d tokens, more than the model's max_len=%d; drawing "
-                        "its first %d", i + 1, len(row), limit, limit)  # fmt: skip
+            log.warning(
+                "sentence %d has %d tokens, more than the model's max_len=%d; drawing its first %d",
+                i + 1,
+                len(row),
+                limit,
+                limit,
+            )
             ids[i] = tok.cut(row, limit)
     _check_numbers([model.cfg.n_layers * model.cfg.n_heads * len(row) ** 2 for row in ids])
     model.eval()
@@ -256,8 +263,9 @@ def plot_attention_grid(
         for h, w_TS in enumerate(panels):
             ax = axes[layer][h]
             image = ax.imshow(w_TS.float().numpy(), cmap="viridis", vmin=0.0, vmax=vmax)
-            ax.set_title(f"layer {layer} · " + (f"head {h + 1}" if h < H else "mean of heads"),
-                         fontsize=8)  # fmt: skip
+            ax.set_title(
+                f"layer {layer} · " + (f"head {h + 1}" if h < H else "mean of heads"), fontsize=8
+            )
             ax.set_xticks(range(0, len(cols), every), cols[::every], rotation=90, fontsize=6)
             ax.set_yticks(range(0, len(rows), every), rows[::every], fontsize=6)
     assert image is not None  # maps_L holds at least one layer

@@ -65,13 +65,15 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": what}
     for status, what in [
         (400, "unreadable body, unsupported language pair or Host"),
-        (401, "an API key is required"), (403, "invalid API key"),
+        (401, "an API key is required"),
+        (403, "invalid API key"),
         (413, "over a size limit (body, characters, sentences, rows or trace size)"),
         (415, "the body is not JSON (or, for LibreTranslate's endpoints, a form)"),
         (409, "an exported model has nothing to trace (/v1/explain)"),
-        (422, "an invalid field"), (503, "busy, shutting down or timed out"),
+        (422, "an invalid field"),
+        (503, "busy, shutting down or timed out"),
     ]
-}  # fmt: skip
+}
 
 
 @functools.cache
@@ -85,10 +87,15 @@ def _seed_example() -> dict[str, Any]:
 def _form_body(model: type[BaseModel]) -> dict[str, Any]:
     """OpenAPI for a body that is JSON or a form, both described by `model`."""
     schema = model.model_json_schema()
-    return {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": schema},
-        "application/x-www-form-urlencoded": {"schema": schema},
-    }}}  # fmt: skip
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": schema},
+                "application/x-www-form-urlencoded": {"schema": schema},
+            },
+        }
+    }
 
 
 def _with_body(handler: Callable[..., Any], model: type[BaseModel]) -> Callable[..., Any]:
@@ -113,8 +120,13 @@ def create_app(translator: Translator, model_dir: Path | ModelDir, opts: ServeOp
         assert server is not None
         server.batcher.close()  # uvicorn has answered every request it accepted by now
 
-    app = FastAPI(title="aiayn serve", version=__version__, lifespan=lifespan,
-                  docs_url="/docs", redoc_url=None)  # fmt: skip
+    app = FastAPI(
+        title="aiayn serve",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+    )
     server = Server(translator, model_dir, opts)
     app.state.server = server
     page = resources.files("aiayn.serve").joinpath("static/serve.html").read_text(encoding="utf-8")
@@ -167,8 +179,10 @@ def create_app(translator: Translator, model_dir: Path | ModelDir, opts: ServeOp
         if not server.languages:
             return []
         src, tgt = server.languages
-        return [{"code": src, "name": language_name(src), "targets": [tgt]},
-                {"code": tgt, "name": language_name(tgt), "targets": []}]  # fmt: skip
+        return [
+            {"code": src, "name": language_name(src), "targets": [tgt]},
+            {"code": tgt, "name": language_name(tgt), "targets": []},
+        ]
 
     @app.post("/detect", responses=ERRORS, openapi_extra=_form_body(models.detect))
     async def detect(request: Request) -> list[dict[str, Any]]:
@@ -176,17 +190,24 @@ def create_app(translator: Translator, model_dir: Path | ModelDir, opts: ServeOp
         langs = server.languages
         return [{"confidence": 100.0, "language": langs[0]}] if langs else []
 
-    app.post("/translate", response_model=LibreTranslateResponse, responses=ERRORS,
-             response_model_exclude_none=True,
-             openapi_extra=_form_body(models.libre_translate))(server.libre_translate)  # fmt: skip
+    app.post(
+        "/translate",
+        response_model=LibreTranslateResponse,
+        responses=ERRORS,
+        response_model_exclude_none=True,
+        openapi_extra=_form_body(models.libre_translate),
+    )(server.libre_translate)
     app.post("/v1/translate", response_model=V1TranslateResponse, responses=ERRORS)(
         _with_body(server.v1_translate, models.v1_translate)
     )
     app.post("/v1/explain", responses=ERRORS)(_with_body(server.v1_explain, models.v1_explain))
     app.add_middleware(Guard, server=server)  # type: ignore[arg-type]
     if opts.cors_origins:  # outside the Guard: preflights carry no key
-        app.add_middleware(CORSMiddleware, allow_origins=list(opts.cors_origins),
-                           allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])  # fmt: skip
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(opts.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
     app.add_middleware(Accounting, server=server)  # type: ignore[arg-type]
     return app

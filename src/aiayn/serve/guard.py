@@ -58,8 +58,18 @@ class Guarded(Protocol):
 
 # --- metrics --------------------------------------------------------------------------------------
 
-PATHS = ("/", "/translate", "/languages", "/detect", "/v1/translate", "/v1/explain",
-         "/v1/explain/seed", "/v1/model", "/health", "/metrics")  # fmt: skip
+PATHS = (
+    "/",
+    "/translate",
+    "/languages",
+    "/detect",
+    "/v1/translate",
+    "/v1/explain",
+    "/v1/explain/seed",
+    "/v1/model",
+    "/health",
+    "/metrics",
+)
 
 
 class Metrics:
@@ -68,27 +78,37 @@ class Metrics:
     def __init__(self, batcher_queue: Callable[[], int]) -> None:
         disable_created_metrics()  # no `_created` series: counters and histograms only
         self.registry = r = CollectorRegistry()
-        self.requests = Counter("aiayn_requests", "HTTP requests answered",
-                                ["endpoint", "status"], registry=r)  # fmt: skip
+        self.requests = Counter(
+            "aiayn_requests", "HTTP requests answered", ["endpoint", "status"], registry=r
+        )
         self.latency = Histogram(
-            "aiayn_request_seconds", "time from request to response", ["endpoint"], registry=r,
+            "aiayn_request_seconds",
+            "time from request to response",
+            ["endpoint"],
+            registry=r,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-        )  # fmt: skip
+        )
         self.sentences = Counter("aiayn_sentences", "sentences translated", registry=r)
         self.src_tokens = Counter("aiayn_source_tokens", "source tokens read", registry=r)
         self.tgt_tokens = Counter("aiayn_target_tokens", "target tokens written", registry=r)
         self.batch_sentences = Histogram(
-            "aiayn_batch_sentences", "sentences per merged model batch", registry=r,
+            "aiayn_batch_sentences",
+            "sentences per merged model batch",
+            registry=r,
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
-        )  # fmt: skip
+        )
         self.batch_requests = Histogram(
-            "aiayn_batch_requests", "requests per merged model batch", registry=r,
+            "aiayn_batch_requests",
+            "requests per merged model batch",
+            registry=r,
             buckets=(1, 2, 4, 8, 16, 32, 64),
-        )  # fmt: skip
-        self.batch_seconds = Histogram("aiayn_batch_seconds", "model time per merged batch",
-                                       registry=r)  # fmt: skip
-        self.dropped = Counter("aiayn_dropped_requests", "requests dropped before decoding",
-                               ["reason"], registry=r)  # fmt: skip
+        )
+        self.batch_seconds = Histogram(
+            "aiayn_batch_seconds", "model time per merged batch", registry=r
+        )
+        self.dropped = Counter(
+            "aiayn_dropped_requests", "requests dropped before decoding", ["reason"], registry=r
+        )
         Gauge("aiayn_queued_jobs", "jobs waiting for the model", registry=r).set_function(
             batcher_queue
         )
@@ -117,19 +137,24 @@ class GcMetrics:
             "time the garbage collector stopped the server, by generation (2: a full collection)",
             labels=["generation"],
         )
-        longest = GaugeMetricFamily("aiayn_gc_pause_max_seconds",
-                                    "the longest collection so far, by generation",
-                                    labels=["generation"])  # fmt: skip
+        longest = GaugeMetricFamily(
+            "aiayn_gc_pause_max_seconds",
+            "the longest collection so far, by generation",
+            labels=["generation"],
+        )
         for g in range(GENERATIONS):
-            buckets = list(zip((*map(str, BUCKETS), "+Inf"), itertools.accumulate(p.counts[g]),
-                               strict=True))  # fmt: skip
+            buckets = list(
+                zip((*map(str, BUCKETS), "+Inf"), itertools.accumulate(p.counts[g]), strict=True)
+            )
             hist.add_metric([str(g)], buckets, p.sums[g])
             longest.add_metric([str(g)], p.longest[g])
         yield hist
         yield longest
-        yield GaugeMetricFamily("aiayn_gc_frozen_objects",
-                                "objects frozen out of garbage collection as the server started",
-                                gc.get_freeze_count())  # fmt: skip
+        yield GaugeMetricFamily(
+            "aiayn_gc_frozen_objects",
+            "objects frozen out of garbage collection as the server started",
+            gc.get_freeze_count(),
+        )
 
     describe = collect  # the registry reads the names from it
 
@@ -167,14 +192,23 @@ class Accounting:
             self.metrics.latency.labels(endpoint).observe(seconds)
             if self.server.opts.access_log:
                 client = scope.get("client") or ("-", 0)
-                access_log.info('%s "%s %s" %d %.1f ms', client[0], scope["method"],
-                                scope["path"], status, 1000 * seconds)  # fmt: skip
+                access_log.info(
+                    '%s "%s %s" %d %.1f ms',
+                    client[0],
+                    scope["method"],
+                    scope["path"],
+                    status,
+                    1000 * seconds,
+                )
 
 
 # On every response: no MIME sniffing, the page never framed by another site (clickjacking),
 # and no Referer (the page's address may hold ?api_key=).
-SAFE_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
-                (b"referrer-policy", b"no-referrer")]  # fmt: skip
+SAFE_HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+]
 
 JSON_ONLY = ("/v1/translate", "/v1/explain")
 JSON_OR_FORM = ("/translate", "/detect")  # LibreTranslate's clients send forms too
@@ -259,13 +293,21 @@ def media_type(content_type: str) -> str:
 def _check_content_type(path: str, content_type: str) -> None:
     media = media_type(content_type)
     if path in JSON_ONLY and media != "application/json":
-        raise ApiError(415, f"send the body as JSON (Content-Type: application/json), not "
-                            f"{media or 'no content type'}")  # fmt: skip
-    if path in JSON_OR_FORM and media not in ("application/json",
-                                              "application/x-www-form-urlencoded"):  # fmt: skip
-        raise ApiError(415, "send the body as JSON (application/json) or a form "
-                            f"(application/x-www-form-urlencoded), not "
-                            f"{media or 'no content type'}")  # fmt: skip
+        raise ApiError(
+            415,
+            f"send the body as JSON (Content-Type: application/json), not "
+            f"{media or 'no content type'}",
+        )
+    if path in JSON_OR_FORM and media not in (
+        "application/json",
+        "application/x-www-form-urlencoded",
+    ):
+        raise ApiError(
+            415,
+            "send the body as JSON (application/json) or a form "
+            f"(application/x-www-form-urlencoded), not "
+            f"{media or 'no content type'}",
+        )
 
 
 async def _read_body(receive: Callable, length: str | None, cap: int) -> bytes:

@@ -68,8 +68,13 @@ class ServeOptions:
 
 def _hypothesis(t: Translation) -> dict[str, Any]:
     h = t.hyp
-    return {"text": t.text, "tokens": h.tokens, "log_prob": h.log_prob, "score": h.score,
-            "eos": h.eos}  # fmt: skip
+    return {
+        "text": t.text,
+        "tokens": h.tokens,
+        "log_prob": h.log_prob,
+        "score": h.score,
+        "eos": h.eos,
+    }
 
 
 EXPLAIN_SEARCH = ("alpha", "length_penalty", "min_len", "sample", "temperature", "top_p", "seed")
@@ -98,16 +103,22 @@ class Server:
         )
         cfg = translator.model.cfg
         if self.limits.max_beam > cfg.vocab_size:  # a request could ask for more beams than tokens
-            raise AiaynError(f"--max-beam {self.limits.max_beam} exceeds the model's vocabulary "
-                             f"of {cfg.vocab_size} tokens")  # fmt: skip
+            raise AiaynError(
+                f"--max-beam {self.limits.max_beam} exceeds the model's vocabulary "
+                f"of {cfg.vocab_size} tokens"
+            )
         if self.limits.max_beam > MAX_ROWS:  # nor more beams or samples than a search takes
             raise AiaynError(f"--max-beam {self.limits.max_beam} is more than {MAX_ROWS:,}")
         self.models = request_models(self.limits, self.languages, cfg.n_layers, cfg.n_heads)
         self.batcher = Batcher(
-            translator, window_s=opts.window_ms / 1000, batch_tokens=opts.batch_tokens,
-            chunk_rows=opts.chunk_rows, turn_tokens=opts.turn_tokens, continuous=opts.continuous,
+            translator,
+            window_s=opts.window_ms / 1000,
+            batch_tokens=opts.batch_tokens,
+            chunk_rows=opts.chunk_rows,
+            turn_tokens=opts.turn_tokens,
+            continuous=opts.continuous,
             max_queue=opts.max_queue,
-        )  # fmt: skip
+        )
         self.metrics = Metrics(self.batcher.queued)
         self.batcher.on_batch = self.metrics.batch
         self.accepted = self.answered = 0  # counted by `Accounting`
@@ -124,15 +135,19 @@ class Server:
         host = host_header.strip().lower()
         name = host.rpartition("]")[0] + "]" if host.startswith("[") else host.partition(":")[0]
         if name not in self.allowed_hosts:
-            raise ApiError(400, f"Host {host_header[:100]!r} is not served here; add it with "
-                                "--allowed-host")  # fmt: skip
+            raise ApiError(
+                400, f"Host {host_header[:100]!r} is not served here; add it with --allowed-host"
+            )
 
     def check_key(self, given: str | None) -> None:
         if self.opts.api_key is None:
             return
         if not given:
-            raise ApiError(401, "an API key is required: send 'Authorization: Bearer KEY' "
-                                "or \"api_key\" in the body")  # fmt: skip
+            raise ApiError(
+                401,
+                "an API key is required: send 'Authorization: Bearer KEY' "
+                'or "api_key" in the body',
+            )
         if not hmac.compare_digest(given.encode(), self.opts.api_key.encode()):
             raise ApiError(403, "invalid API key")
 
@@ -162,8 +177,9 @@ class Server:
         gone = asyncio.ensure_future(client_gone(request.receive))
         try:
             left = max(job.deadline - time.monotonic(), 0.0)
-            done, _ = await asyncio.wait({waiting, gone}, timeout=left,
-                                         return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            done, _ = await asyncio.wait(
+                {waiting, gone}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
             if waiting in done:  # answered (even if the client left at the same moment)
                 return self._result(waiting)
             if gone in done:
@@ -216,9 +232,12 @@ class Server:
             first = e.errors()[0]
             if self.languages and first["loc"][:1] in (("source",), ("target",)):
                 src, tgt = self.languages  # LibreTranslate answers 400 for a pair it lacks
-                raise ApiError(400, f"this model translates {src} -> {tgt} ({language_name(src)} "
-                                    f"to {language_name(tgt)}); got {data.get('source')} -> "
-                                    f"{data.get('target')}") from None  # fmt: skip
+                raise ApiError(
+                    400,
+                    f"this model translates {src} -> {tgt} ({language_name(src)} "
+                    f"to {language_name(tgt)}); got {data.get('source')} -> "
+                    f"{data.get('target')}",
+                ) from None
             raise ApiError(422, validation_message(e.errors())) from None
 
     # --- endpoints ------------------------------------------------------------------------------
@@ -242,8 +261,9 @@ class Server:
             mine = results[start : start + len(parts)]
             start += len(parts)
             out.append("\n".join(r[0].text for r in mine))
-            alts.append(["\n".join(r[min(k, len(r) - 1)].text for r in mine)
-                         for k in range(1, n_alt + 1)])  # fmt: skip
+            alts.append(
+                ["\n".join(r[min(k, len(r) - 1)].text for r in mine) for k in range(1, n_alt + 1)]
+            )
         reply: dict[str, Any] = {"translatedText": out[0] if single else out}
         if n_alt:
             reply["alternatives"] = alts[0] if single else alts
@@ -268,16 +288,20 @@ class Server:
             raise ApiError(422, str(e)) from None
         check_sizes(items, self.limits, search_rows(cfg))
         results = await self.translate(request, items, cfg)
-        translations = [{"text": r[0].text, "hypotheses": [_hypothesis(t) for t in r]}
-                        for r in results]  # fmt: skip
+        translations = [
+            {"text": r[0].text, "hypotheses": [_hypothesis(t) for t in r]} for r in results
+        ]
         # A shallow copy, not dataclasses.asdict: the fields are numbers, nothing to copy deeply.
         return {"translations": translations, "settings": dict(vars(cfg))}
 
     async def v1_explain(self, request: Request, body: Any) -> dict[str, Any]:
         if self.engine is not None:
-            raise ApiError(409, f"this server runs a {self.engine} export, which has nothing to "
-                                "trace: serve the aiayn model directory it was exported from "
-                                "to see inside it")  # fmt: skip
+            raise ApiError(
+                409,
+                f"this server runs a {self.engine} export, which has nothing to "
+                "trace: serve the aiayn model directory it was exported from "
+                "to see inside it",
+            )
         overrides: dict[str, object] = {
             k: v for k in EXPLAIN_SEARCH if (v := getattr(body, k)) is not None
         }
@@ -290,8 +314,13 @@ class Server:
         except AiaynError as e:
             raise ApiError(422, str(e)) from None
         tuple_or_none = lambda xs: None if xs is None else tuple(xs)  # noqa: E731
-        view = View(tuple_or_none(body.layers), tuple_or_none(body.heads),
-                    tuple_or_none(body.steps), body.dims, body.precision)  # fmt: skip
+        view = View(
+            tuple_or_none(body.layers),
+            tuple_or_none(body.heads),
+            tuple_or_none(body.steps),
+            body.dims,
+            body.precision,
+        )
         attention_only = body.tensors == "attention"
 
         def want(name: str) -> bool:  # what is returned is all that is recorded
@@ -302,10 +331,17 @@ class Server:
 
         def work() -> dict[str, Any]:
             trace = trace_sentence(
-                t.model, t.tokenizer, body.q, cfg, top_k=body.top_k, max_len=body.max_len,
-                beam=body.beam, overrides=overrides, want=want,
+                t.model,
+                t.tokenizer,
+                body.q,
+                cfg,
+                top_k=body.top_k,
+                max_len=body.max_len,
+                beam=body.beam,
+                overrides=overrides,
+                want=want,
                 max_numel=self.limits.max_trace_numbers,
-            )  # fmt: skip
+            )
             return to_json(trace, view)
 
         timeout = self.limits.timeout_s

@@ -57,8 +57,15 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(model_dir: Path, opts: ServeOptions, *, device: str = "auto", dtype: str = "auto",
-          threads: int = 0, announce: Callable[[str], None] = print) -> dict[str, int]:  # fmt: skip
+def serve(
+    model_dir: Path,
+    opts: ServeOptions,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    threads: int = 0,
+    announce: Callable[[str], None] = print,
+) -> dict[str, int]:
     """Load the model and serve until SIGTERM or Ctrl-C; a SIGTERM drains and returns the
     count of requests accepted and answered (equal unless a client went away mid-answer).
 
@@ -66,8 +73,10 @@ def serve(model_dir: Path, opts: ServeOptions, *, device: str = "auto", dtype: s
     then runs the app's shutdown (the model worker answers what is queued and stops).
     """
     if not is_loopback(opts.host) and not opts.api_key:
-        raise AiaynError(f"--host {opts.host} is reachable from other machines: give --api-key "
-                         "KEY (or set AIAYN_API_KEY), or serve on 127.0.0.1")  # fmt: skip
+        raise AiaynError(
+            f"--host {opts.host} is reachable from other machines: give --api-key "
+            "KEY (or set AIAYN_API_KEY), or serve on 127.0.0.1"
+        )
     # The port first: a taken one is said at once, not after the model has loaded, and never
     # while the model worker runs (a process leaving with it mid-calibration aborted, 134).
     sock = listen(opts.host, opts.port)
@@ -83,8 +92,14 @@ def serve(model_dir: Path, opts: ServeOptions, *, device: str = "auto", dtype: s
             app.state.server.batcher.close(timeout_s=5.0)
 
 
-def _run(app: FastAPI, sock: socket.socket, model_dir: Path, device: object, opts: ServeOptions,
-         announce: Callable[[str], None]) -> dict[str, int]:  # fmt: skip
+def _run(
+    app: FastAPI,
+    sock: socket.socket,
+    model_dir: Path,
+    device: object,
+    opts: ServeOptions,
+    announce: Callable[[str], None],
+) -> dict[str, int]:
     """uvicorn on `sock` until SIGTERM or Ctrl-C; the counts of requests accepted and answered."""
     import uvicorn
 
@@ -93,9 +108,13 @@ def _run(app: FastAPI, sock: socket.socket, model_dir: Path, device: object, opt
     # writes one without them.
     # limit_concurrency: past it, a new connection gets a 503 at once instead of a task.
     config = uvicorn.Config(
-        app, log_level="info", access_log=False, timeout_keep_alive=5,
-        limit_concurrency=opts.max_connections, server_header=False,
-    )  # fmt: skip
+        app,
+        log_level="info",
+        access_log=False,
+        timeout_keep_alive=5,
+        limit_concurrency=opts.max_connections,
+        server_header=False,
+    )
     if opts.access_log:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     server = uvicorn.Server(config)

@@ -147,8 +147,10 @@ def _int(ge: int, le: int) -> Any:
 # A character that is not a space as Python's str.strip() sees one, nor U+FEFF (the translator
 # reads `source_text`), spelled in escapes that JSON Schema's (ECMAScript) and pydantic's (Rust)
 # regexes read alike.
-SOME_TEXT = (r"[^\t\n\x0B\f\r\x1C-\x1F \x85\xA0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F"
-             r"\u3000\uFEFF]")  # fmt: skip
+SOME_TEXT = (
+    r"[^\t\n\x0B\f\r\x1C-\x1F \x85\xA0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F"
+    r"\u3000\uFEFF]"
+)
 
 
 def _text(max_length: int, *, required: bool = False) -> Any:
@@ -307,8 +309,7 @@ def request_models(
         )
         api_key: Key = None
 
-    return RequestModels(LibreTranslateRequest, DetectRequest, V1TranslateRequest,
-                         V1ExplainRequest)  # fmt: skip
+    return RequestModels(LibreTranslateRequest, DetectRequest, V1TranslateRequest, V1ExplainRequest)
 
 
 def validation_message(errors: list[Any]) -> str:
@@ -351,18 +352,28 @@ def check_sizes(lines: list[str], limits: Limits, rows_per_line: int = 1) -> Non
     """413 for a request over what no schema states: its sentences after line splitting, its
     characters in all, one sentence's characters, and its search rows (sentences x beam)."""
     if len(lines) > limits.max_sentences:
-        raise ApiError(413, f"{len(lines)} sentences; the limit is {limits.max_sentences} "
-                            "(--max-sentences)")  # fmt: skip
+        raise ApiError(
+            413, f"{len(lines)} sentences; the limit is {limits.max_sentences} (--max-sentences)"
+        )
     total = sum(len(s) for s in lines)
     if total > limits.max_chars_per_request:
-        raise ApiError(413, f"{total} characters; the limit is {limits.max_chars_per_request} "
-                            "(--max-chars-per-request)")  # fmt: skip
+        raise ApiError(
+            413,
+            f"{total} characters; the limit is {limits.max_chars_per_request} "
+            "(--max-chars-per-request)",
+        )
     for i, s in enumerate(lines):
         if len(s) > limits.max_chars_per_sentence:
             limit = limits.max_chars_per_sentence
-            raise ApiError(413, f"sentence {i} has {len(s)} characters; the limit is {limit} "
-                                "(--max-chars-per-sentence)")  # fmt: skip
+            raise ApiError(
+                413,
+                f"sentence {i} has {len(s)} characters; the limit is {limit} "
+                "(--max-chars-per-sentence)",
+            )
     rows = len(lines) * rows_per_line
     if rows > limits.max_rows:
-        raise ApiError(413, f"{len(lines)} sentences x {rows_per_line} = {rows} search rows; "
-                            f"the limit is {limits.max_rows} (--max-rows)")  # fmt: skip
+        raise ApiError(
+            413,
+            f"{len(lines)} sentences x {rows_per_line} = {rows} search rows; "
+            f"the limit is {limits.max_rows} (--max-rows)",
+        )

@@ -40,18 +40,14 @@ from aiayn.translate.translator import Translation, Translator, one_line
 log = logging.getLogger(__name__)
 
 # An admitted group is encoded in parts of similar length (`padding_parts`): sentences arrive
-# in no order, and one padded batch of them wasted 29-51% of the encoder's positions on
-# Multi30k and the quick start corpus. A part may carry as many padded positions as cost what
-# one more pass costs: the encoder and the cross K/V over a part have a fixed cost (the ops'
-# dispatch, small matrix products' set-up) besides their cost per position, and the ratio
-# differs between CPUs. Measured on one thread, the best slack for the quick start model was
-# ~64 positions on an AMD EPYC Zen 4 and one part on a Zen 3 (AVX2); for d_model 256, ~16 on
-# the Zen 4 and anywhere in 16-63 on the Zen 3 (docs/benchmarks.md, "Admission parts measured
-# at start"). So the server measures the ratio on its own machine when it starts. Since the
-# encoder skips padding in its products on a CPU (`aiayn.nn.packed`), a padded position
-# costs only its share of attention and cross K/V, so groups of short sentences go in one part
-# and only long ones mixed with short ones are cut. On a GPU a pass of this size is
-# launch-bound, and more parts only cost launches: one part (not measured there).
+# in no order, and one padded batch of them wastes a third to a half of the encoder's
+# positions. A part may carry as many padded positions as cost what one more pass costs (a
+# pass has a fixed cost besides its cost per position), and that ratio differs between CPUs
+# by a factor of four or more, so the server measures it on its own machine when it starts
+# (docs/lab/serving.md, "Admission parts measured at start"). Since the encoder skips
+# padding in its products on a CPU (`aiayn.nn.packed`), a padded position costs only its
+# share of attention and cross K/V. On a GPU a pass of this size is launch-bound, and more
+# parts only cost launches: one part.
 
 
 def part_slack(translator: Translator, reps: int = 5) -> int:
