@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from paths import CONFIGS
 
 from aiayn.cli.main import main
 from aiayn.config import load_config
@@ -27,7 +28,6 @@ from aiayn.runtime.device import (
 from aiayn.runtime.distributed import Dist, all_sum, reduce_tensor
 from aiayn.training.loop import train
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 CPU = torch.device("cpu")
 NO_GPU = not torch.cuda.is_available()
 
