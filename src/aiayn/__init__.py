@@ -13,8 +13,18 @@ from aiayn.config import Config, DecodeConfig, ModelConfig, TrainConfig, load_co
 from aiayn.errors import AiaynError, CheckpointError, ConfigError, DataError
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editors
-    from aiayn.glassbox.explain import explain, trace_beam
+    from aiayn.cli.quickstart import quickstart_config
+    from aiayn.glassbox import seed_example
+    from aiayn.glassbox.explain import explain, source_ids, trace_beam
     from aiayn.glassbox.explanation import Explanation
+    from aiayn.glassbox.notebook import (
+        AttentionView,
+        BeamView,
+        ForwardPassView,
+        MatrixView,
+        SeedExampleView,
+    )
+    from aiayn.glassbox.seed_example import seed_example_json
     from aiayn.nn.attention import (
         MultiHeadAttention,
         attention,
@@ -26,7 +36,9 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editor
     from aiayn.nn.variants import DecoderLM, EncoderClassifier
     from aiayn.search.decode import beam_search, greedy_search, sample_search, search
     from aiayn.search.hypothesis import Hypothesis
+    from aiayn.store.directory import ModelDir
     from aiayn.store.model_dir import load_model_dir, save_model_dir
+    from aiayn.text.synthetic import write_corpus
     from aiayn.text.tokenizer import Tokenizer
     from aiayn.training.loop import train
     from aiayn.translate.translator import Translator
@@ -48,29 +60,44 @@ _LAZY = {
     "DecoderLM": "aiayn.nn.variants",
     "EncoderClassifier": "aiayn.nn.variants",
     "Tokenizer": "aiayn.text.tokenizer",
+    "write_corpus": "aiayn.text.synthetic",
     "Hypothesis": "aiayn.search.hypothesis",
     "search": "aiayn.search.decode",
     "greedy_search": "aiayn.search.decode",
     "beam_search": "aiayn.search.decode",
     "sample_search": "aiayn.search.decode",
+    "ModelDir": "aiayn.store.directory",
     "load_model_dir": "aiayn.store.model_dir",
     "save_model_dir": "aiayn.store.model_dir",
     "Translator": "aiayn.translate.translator",
     "train": "aiayn.training.loop",
+    "quickstart_config": "aiayn.cli.quickstart",
     "explain": "aiayn.glassbox.explain",
     "trace_beam": "aiayn.glassbox.explain",
+    "source_ids": "aiayn.glassbox.explain",
     "Explanation": "aiayn.glassbox.explanation",
+    # the notebooks' views (aiayn.glassbox.notebook) and the tutorials' worked example
+    "MatrixView": "aiayn.glassbox.notebook",
+    "AttentionView": "aiayn.glassbox.notebook",
+    "ForwardPassView": "aiayn.glassbox.notebook",
+    "BeamView": "aiayn.glassbox.notebook",
+    "SeedExampleView": "aiayn.glassbox.notebook",
+    "seed_example_json": "aiayn.glassbox.seed_example",
 }
+# name -> a module itself: `from aiayn import seed_example` (the tutorials' matrices, E, WQ, ...)
+_LAZY_MODULES = {"seed_example": "aiayn.glassbox.seed_example"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _LAZY_MODULES:
+        return importlib.import_module(_LAZY_MODULES[name])
     raise AttributeError(f"module 'aiayn' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+    return sorted([*globals(), *_LAZY, *_LAZY_MODULES])
 
 
 # every name, eager or lazy (`from aiayn import Transformer` loads aiayn.nn on first use);
@@ -78,6 +105,8 @@ def __dir__() -> list[str]:
 __all__ = [
     "AiaynError",
     "AttentionMaps",
+    "AttentionView",
+    "BeamView",
     "CheckpointError",
     "Config",
     "ConfigError",
@@ -86,11 +115,15 @@ __all__ = [
     "DecoderLM",
     "EncoderClassifier",
     "Explanation",
+    "ForwardPassView",
     "Hypothesis",
     "KVCache",
+    "MatrixView",
     "Memory",
     "ModelConfig",
+    "ModelDir",
     "MultiHeadAttention",
+    "SeedExampleView",
     "Tokenizer",
     "Trace",
     "TrainConfig",
@@ -102,12 +135,17 @@ __all__ = [
     "greedy_search",
     "load_config",
     "load_model_dir",
+    "quickstart_config",
     "sample_search",
     "save_model_dir",
     "search",
+    "seed_example",
+    "seed_example_json",
     "self_attention_unparameterised",
     "sinusoidal_positions",
+    "source_ids",
     "trace_beam",
     "tracing",
     "train",
+    "write_corpus",
 ]
