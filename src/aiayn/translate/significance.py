@@ -37,8 +37,8 @@ _CHUNK_CELLS = 8_000_000
 def sentence_stats(metric: Metric, hyps: Sequence[str], refs: Sequence[str]) -> np.ndarray:
     """(N, k): the metric's sufficient statistics, one row per sentence (float64: the counts
     stay exact, and resampling is one matrix product). sacreBLEU has no public name for them:
-    these two methods are the ones its own PairedTest calls (tests/test_translate.py checks
-    that the sums give its corpus scores)."""
+    these two methods are the ones its own PairedTest calls (tests/translate/test_translate.py
+    checks that the sums give its corpus scores)."""
     rows = metric._extract_corpus_statistics(list(hyps), [list(refs)])
     return np.asarray(rows, dtype=np.float64)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import CONFIGS
 
 from aiayn.cli.main import main
 from aiayn.config import DecodeConfig, ModelConfig
@@ -440,7 +441,7 @@ def test_trained_copy_model_translates_a_file(tmp_path: Path, capsys: pytest.Cap
     for name, part in (("train", lines[:500]), ("test", lines[500:])):
         for side in ("src", "tgt"):
             (tmp_path / f"{name}.{side}").write_text("\n".join(part) + "\n", encoding="utf-8")
-    config = Path(__file__).parent.parent / "configs" / "tiny_copy.toml"
+    config = CONFIGS / "tiny_copy.toml"
     run = tmp_path / "run"
     sets = [f"train.src={tmp_path / 'train.src'}", f"train.tgt={tmp_path / 'train.tgt'}",
             f"train.out_dir={run}", "train.max_steps=800", "train.valid_every=0"]  # fmt: skip
