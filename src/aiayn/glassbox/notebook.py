@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from aiayn.glassbox.colours import colour
 from aiayn.glassbox.explanation import BeamTrace, Explanation
 from aiayn.search.hypothesis import LENGTH_PENALTY_FORMULAS
 
@@ -38,16 +39,6 @@ _STYLE = (
     ".aiayn-nb .pruned{color:#999;text-decoration:line-through}</style>"
 )
 esc = html.escape
-
-
-def _colour(v: float | None, scale: float, unit: bool) -> str:
-    """Weights and probabilities: blue from 0 to 1; anything else: red (+) / blue (-)."""
-    if v is None or v == float("-inf"):
-        return "#ccc"
-    if unit:
-        return f"rgba(31,119,180,{min(1.0, max(0.0, v)):.3f})"
-    a = min(1.0, abs(v) / scale) if scale else 0.0
-    return f"rgba({'214,39,40' if v > 0 else '31,119,180'},{0.85 * a:.3f})"
 
 
 def _values(x: Tensor) -> list[float | None]:
@@ -71,7 +62,7 @@ def _cells(
         shown = "-inf" if v is None else repr(v)
         out.append(
             f'<rect x="{x0 + j * size}" y="{y}" width="{size - 1}" height="{size - 1}" '
-            f'fill="{_colour(v, scale, unit)}" data-name="{esc(name)}" data-r="{r}" '
+            f'fill="{colour(v, scale, unit)}" data-name="{esc(name)}" data-r="{r}" '
             f'data-c="{j}" data-v="{shown}"><title>{esc(name)}[{r}, {j}] ({esc(cols[j])}) = '
             f"{shown}</title></rect>"
         )

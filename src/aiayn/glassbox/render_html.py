@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import json
 
+from aiayn.glassbox.colours import colour
 from aiayn.glassbox.explanation import BeamTrace, Entry, Explanation
 from aiayn.glassbox.render import SEARCH_NAME, View, beam_text, format_number, sections, top_k_lines
 
@@ -16,15 +17,6 @@ td,th{padding:1px 6px;text-align:right;border:1px solid #eee}th{background:#f6f6
 summary{cursor:pointer;font-family:ui-monospace,monospace}summary span{color:#666;
 font-family:system-ui}h2{margin-top:1.5em;border-bottom:1px solid #ccc}
 pre{background:#f8f8f8;padding:.5em}"""
-
-
-def _shade(v: float, scale: float, weights: bool) -> str:
-    if v == float("-inf") or scale == 0:
-        return "background:#ddd" if v == float("-inf") else ""
-    a = min(1.0, abs(v) / scale)
-    if weights:
-        return f"background:rgba(31,119,180,{a:.2f})"
-    return f"background:rgba({'214,39,40' if v > 0 else '31,119,180'},{0.6 * a:.2f})"
 
 
 def _html_table(e: Entry, view: View) -> str:
@@ -41,7 +33,8 @@ def _html_table(e: Entry, view: View) -> str:
     for r in range(value.size(0)):
         label = e.rows[r] if r < len(e.rows) else str(r)
         cells = "".join(
-            f'<td style="{_shade(x, scale, weights)}">{format_number(x, view.precision)}</td>'
+            f'<td style="background:{colour(x, scale, weights)}">'
+            f"{format_number(x, view.precision)}</td>"
             for x in value[r, :shown].tolist()
         )
         more = "<td>…</td>" if shown < n_cols else ""
