@@ -346,9 +346,9 @@ def decode_config(hf: dict[str, Any], generation: dict[str, Any]) -> DecodeConfi
     num_beams carries over (HF's default 1 when absent), and so does the length penalty: HF
     divides a hypothesis's log-probability by |Y| ** length_penalty (default 1.0), aiayn's
     "power" form with alpha = length_penalty, so the import searches as `generate()` does
-    (tests/test_marian.py compares the two). max_length is HF's absolute cap (512 in OPUS-MT,
-    its positional table); aiayn's limit is source length + 50, capped by the same table
-    (ModelConfig.max_len). min_length counts HF's start token.
+    (tests/interop/test_marian.py compares the two). max_length is HF's absolute cap (512 in
+    OPUS-MT, its positional table); aiayn's limit is source length + 50, capped by the same
+    table (ModelConfig.max_len). min_length counts HF's start token.
     """
     settings = {**hf, **generation}
     bad = settings.get("bad_words_ids")

@@ -433,13 +433,12 @@ def test_cli_engine_refuses_what_it_cannot_honour(
 def test_an_imported_marian_model_exports_to_both_engines(tmp_path: Path) -> None:
     """`aiayn import marian` then `aiayn export`: Marian's tokenizer (two SentencePiece models,
     one vocab.json, PAD as the decoder start), swish, the halves table and the logits bias, on
-    a random MarianMT saved here (tests/test_marian.py): CTranslate2's log-probabilities within
-    1e-4 and its greedy lines; ONNX's greedy and beam lines."""
+    a random MarianMT saved here (tests/interop/test_marian.py): CTranslate2's log-probabilities
+    within 1e-4 and its greedy lines; ONNX's greedy and beam lines."""
     pytest.importorskip("transformers", reason="transformers builds the MarianMT directory")
-    from test_marian import SOURCES as DE_SOURCES
-    from test_marian import make_marian_dir
-
     from aiayn.interop.marian import import_marian
+    from interop.test_marian import SOURCES as DE_SOURCES
+    from interop.test_marian import make_marian_dir
 
     import_marian(make_marian_dir(tmp_path / "hf"), tmp_path / "imported")
     model_dir = tmp_path / "imported"

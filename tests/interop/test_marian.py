@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 import torch
+from paths import CONFIGS
 from safetensors.torch import load_file, save_file
 from transformers import MarianConfig, MarianMTModel
 from transformers import MarianTokenizer as HFMarianTokenizer
@@ -302,7 +303,7 @@ def test_continued_training_starts_from_the_imported_weights(dirs, tmp_path, cap
     src, tgt = _corpus(SRC_WORDS, 40, 5), _corpus(TGT_WORDS, 40, 6)
     (tmp_path / "train.de").write_text("\n".join(src) + "\n", encoding="utf-8")
     (tmp_path / "train.en").write_text("\n".join(tgt) + "\n", encoding="utf-8")
-    config = Path(__file__).resolve().parent.parent / "configs" / "tiny_copy.toml"
+    config = CONFIGS / "tiny_copy.toml"
     common = ["train", "--config", config, "--no-progress",
               "--set", f"train.src={tmp_path / 'train.de'}",
               "--set", f"train.tgt={tmp_path / 'train.en'}", "--set", f"train.init_from={ours}",
