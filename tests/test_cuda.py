@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from copy_task import CONFIGS, tiny, write_copy_corpus
-from test_model import copy_layer, layer_cfg, random_batch
+from nn.test_model import copy_layer, layer_cfg, random_batch
 from torch import nn
 
 from aiayn.cli.main import main
