@@ -8,11 +8,9 @@ import importlib.util
 import json
 import random
 import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+from paths import BENCH
 
 
 def load(name: str):

@@ -6,15 +6,15 @@ here, not in a user's diagnosis)."""
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
+import paths
 import torch
 
 from aiayn.config import EOS_ID, PAD_ID, DecodeConfig, ModelConfig
 from aiayn.nn.model import Transformer
 from aiayn.search.decode import beam_search
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "length_diagnosis.py"
+BENCH = paths.BENCH / "length_diagnosis.py"
 
 
 def test_without_early_termination_the_best_is_at_least_as_good(monkeypatch):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import importlib.util
 import math
 import random
-from pathlib import Path
 
+import paths
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "marian_baseline.py"
+BENCH = paths.BENCH / "marian_baseline.py"
 
 
 def test_marian_baseline_trains_validates_and_scores(tmp_path, capsys, monkeypatch):
