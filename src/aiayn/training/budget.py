@@ -18,6 +18,7 @@ from aiayn.training.schedule import (
     fit_warmup_end,
     refit_moves,
 )
+from aiayn.training.takeoff import budget_words
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,11 @@ def fit_budget(run: Run) -> bool:
             tc.max_minutes,
             run.planned_averages() or "none",
         )
+        # What the budget buys, said as soon as it is known (a short budget still runs: a
+        # quick look is a fair wish, but it must not be a surprise at the end).
+        short, words = budget_words(run.cfg.model, st.total_steps, rate, tc.max_minutes)
+        (log.warning if short else log.info)("%s", words)
+        run.budget_short = short
     return True
 
 
@@ -145,4 +151,8 @@ def refit_budget(run: Run) -> bool:
             old,
             run.planned_averages() or "none",
         )
+        short, words = budget_words(run.cfg.model, total, rate, tc.max_minutes)
+        if short != run.budget_short:  # the move crossed what the model needs: say so again
+            (log.warning if short else log.info)("%s", words)
+            run.budget_short = short
     return True

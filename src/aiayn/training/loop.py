@@ -34,6 +34,7 @@ from aiayn.training.loss import train_step
 from aiayn.training.run import Run, TrainResult
 from aiayn.training.schedule import learning_rate
 from aiayn.training.setup import prepare_run
+from aiayn.training.takeoff import end_words
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,10 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
     run, net = prepare_run(cfg, tokenizer, progress)
     stopped = _loop(run, net, progress)
     finish_run(run, stopped, progress)
+    tc = run.tc
+    if tc.lr_schedule == "cosine_budget" and tc.max_minutes > 0 and run.d.main:
+        usable, words = end_words(run.cfg.model, run.state.step, run.elapsed() / 60, run.last_bleu)
+        (log.info if usable else log.warning)("%s", words)
     return TrainResult(run.out, run.state.step, stopped, run.last_loss, run.state.best)
 
 
@@ -106,6 +111,8 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
                 fit_budget(run) if state.total_steps == 0 else refit_budget(run)
             ):
                 bar.total = state.total_steps
+                if run.budget_short:  # the log says by how much, and what to give
+                    bar.set_description("budget too short")
                 bar.refresh()
             lr = learning_rate(state.step + 1, tc, run.cfg.model.d_model, run.plan())
             epoch = state.epoch

@@ -86,6 +86,8 @@ class Run:
         self.refit_mark: tuple[int, float, float] | None = None
         self.aside_s = 0.0
         self.valid_cost = (0, 0.0)
+        self.last_bleu: float | None = None  # the last validation's BLEU (greedy), if any
+        self.budget_short = False  # the fitted budget gives fewer steps than the model needs
 
     def elapsed(self) -> float:
         return self.elapsed0 + time.monotonic() - self.t_start
@@ -162,6 +164,7 @@ class Run:
                 else [0.0, 0.0, 0.0]
             )
             rec["valid_bleu"], rec["valid_length_ratio"], rec["valid_bp"] = all_sum(got, self.d)
+            self.last_bleu = rec["valid_bleu"]
         value = rec["valid_bleu"] if tc.best_metric == "bleu" else rec["valid_loss"]
         higher_is_better = tc.best_metric == "bleu"
         better = st.best is None or (value > st.best if higher_is_better else value < st.best)
