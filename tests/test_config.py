@@ -112,7 +112,7 @@ def test_shipped_configs_load_and_pass_the_checks(path):
 
 
 def test_the_budget_recipe_is_the_measured_one():
-    """configs/multi30k_tiny_budget.toml is the recipe docs/benchmarks.md measured (#15):
+    """configs/multi30k_tiny_budget.toml is the recipe docs/lab/budget_recipe.md measured:
     the published tiny architecture, dropout 0.1, cosine to 0 fitted to the time budget,
     the last 5 checkpoints of the schedule averaged."""
     cfg = load_config(CONFIG_DIR / "multi30k_tiny_budget.toml")

@@ -1,5 +1,5 @@
 """bench/marian_baseline.py runs end to end (a tiny model, a few steps, two test sets): the
-benchmark's plumbing, not its figures (docs/benchmarks.md has those)."""
+benchmark's plumbing, not its figures (docs/lab/budget_recipe.md has those)."""
 
 from __future__ import annotations
 

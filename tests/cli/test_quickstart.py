@@ -1,7 +1,7 @@
 """`aiayn quickstart`, shortened: every artefact is written and the model directory is usable.
 
 The full run (50,000 pairs, 3.5 minutes, >= 95% exact match) is a benchmark: see
-docs/benchmarks.md. Here the training budget is seconds, so only the plumbing is checked.
+docs/lab/quickstart.md. Here the training budget is seconds, so only the plumbing is checked.
 """
 
 import json

@@ -225,7 +225,7 @@ def test_ct2_marian_options_match_aiayns_log_probabilities(tok: Tokenizer, tmp_p
 def test_ct2_int8_runs_and_mostly_agrees(trained: dict[str, Path], tmp_path: Path) -> None:
     """int8 weights, dequantized (dtype fp32), give aiayn's line for most inputs; int8
     arithmetic as well (activations rounded to 8 bits too) changes more lines of this d_model
-    32 model but not its quality. (Multi30k's d_model 256 model: docs/benchmarks.md, Export.)"""
+    32 model but not its quality. (Multi30k's d_model 256 model: docs/lab/export.md.)"""
     src = trained[PAPER]
     out = export_ctranslate2(src, tmp_path / "int8", "int8")
     assert json.loads((out / "aiayn_export.json").read_text())["quantization"] == "int8"

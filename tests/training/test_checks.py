@@ -163,6 +163,6 @@ def test_own_data_config_is_a_valid_budget_recipe():
     assert tc.lr_schedule == "cosine_budget" and tc.max_minutes == 60 and tc.average_last == 5
     assert tc.bleu_samples > 0 and tc.label_smoothing == 0.1 and tc.dtype == tc.device == "auto"
     check_recipe(tc)
-    # the measured recipe (docs/benchmarks.md, "The ablation repeated"): swish, Xavier init
+    # the measured recipe (docs/lab/budget_recipe.md, "The ablation repeated"): swish, Xavier init
     assert cfg.model.activation == "swish" and cfg.model.init == "xavier"
     assert tc.budget_decay == 0.25  # warmup-stable-decay ("A held-out corpus")
