@@ -91,8 +91,8 @@ def test_cpu_and_gpu_give_the_same_logits_and_the_cache_changes_nothing(tiny_cfg
 def continuous_equals_alone(device: str) -> None:
     """Sentences joining a running search (greedy rows in slots, beam rows joined), admitted in
     parts, end with what their search alone gives, on `device`."""
-    from test_decode import VOCAB, feed_arrivals
-    from test_decode import random_batch as sentences
+    from search.models import VOCAB, feed_arrivals
+    from search.models import random_batch as sentences
 
     from aiayn.config import EOS_ID, DecodeConfig, ModelConfig
     from aiayn.search.beam import BeamSearch

@@ -4,8 +4,8 @@ of aiayn.search.decode and no copy of it: `single_view` for a greedy or sampling
 (aiayn.search.row_search), `beam_view` for a beam step (aiayn.search.beam).
 
 A beam step's candidates get their fates (live, finished, pruned, and why) from
-aiayn.search.beam_candidates, by the rules the search itself follows; tests/test_decode.py
-checks the two agree.
+aiayn.search.beam_candidates, by the rules the search itself follows;
+tests/search/test_step_view.py checks the two agree.
 """
 
 from __future__ import annotations
