@@ -261,7 +261,7 @@ def test_forward_pass_view_shows_every_stage_with_the_traces_numbers(chromium, s
 
 
 def test_seed_example_on_the_page_has_every_number_of_the_worked_example(chromium, server):
-    from test_explain import ALIASES, DOC, assert_matches, doc_sections, labelled_arrays
+    from glassbox.test_explain import ALIASES, DOC, assert_matches, doc_sections, labelled_arrays
 
     open_page(chromium, server)
     click(chromium, "#seed-open")

@@ -22,10 +22,9 @@ CELL = re.compile(r'data-name="([^"]+)" data-r="(\d+)" data-c="(\d+)" data-v="([
 
 @pytest.fixture(scope="module")
 def ex(tmp_path_factory):
-    from test_explain import SENTENCE, make_model_dir
-
     from aiayn.store.model_dir import load_model_dir
     from aiayn.text.tokenizer import Tokenizer
+    from glassbox.test_explain import SENTENCE, make_model_dir
 
     path = make_model_dir(tmp_path_factory.mktemp("model"), eos_boost=4.0)
     model, tok = load_model_dir(path), Tokenizer.load(path)

@@ -14,6 +14,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from paths import DOCS
 
 from aiayn.cli.main import main
 from aiayn.config import EOS_ID, DecodeConfig, ModelConfig
@@ -475,7 +476,7 @@ def test_samples_do_not_depend_on_batching(sampled_reference, tmp_path, batch_to
 
 # --- the seeds' worked example --------------------------------------------------------------------
 
-DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "worked_example.md")
+DOC = os.path.join(DOCS, "worked_example.md")
 
 
 def labelled_arrays(text: str) -> dict[str, tuple[str, list]]:
