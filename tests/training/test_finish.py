@@ -115,6 +115,50 @@ def test_a_budget_run_chooses_alpha_on_validation_for_its_averaged_model(
     assert [(r["alpha"], r["bleu"]) for r in swept] == [(r["alpha"], r["bleu"]) for r in rows]
 
 
+def test_the_alpha_sweep_takes_as_many_sentences_as_its_cost_bound_allows():
+    """At the speed the probe measured (per source character), as many sentences as keep
+    every α's pass within the bound; never fewer than 300 (or all), never more than all."""
+    from aiayn.training.finish import ALPHA_SENTENCES, alpha_sentences, alpha_sweep_bound
+
+    assert ALPHA_SENTENCES == 300
+    assert alpha_sweep_bound(0) == 120 and alpha_sweep_bound(20) == 120  # 2 minutes at least
+    assert alpha_sweep_bound(60) == 360  # 10% of the budget
+    lengths = [50] * 2000  # 100 sentences in 1 s: 0.2 ms a character, 4 passes 40 ms a sentence
+    assert alpha_sentences(lengths, 100, 1.0, 4, 120.0) == (2000, 80.0)  # all of them fit
+    n, estimate = alpha_sentences(lengths, 100, 1.0, 4, 60.0)
+    assert (n, estimate) == (1500, 60.0)  # as many as fit
+    assert alpha_sentences(lengths, 100, 10.0, 4, 60.0) == (300, 120.0)  # over, but 300
+    assert alpha_sentences(lengths[:200], 100, 10.0, 4, 1.0)[0] == 200  # all, when fewer
+    # the cost follows the sources' lengths, not their number
+    n, _ = alpha_sentences([50] * 100 + [500] * 1900, 100, 1.0, 4, 120.0)
+    assert n == 100 + 290  # 4 s for the first 100, then 0.4 s each
+
+
+def test_a_run_sweeps_alpha_on_more_than_300_validation_sentences_when_they_fit(
+    corpus, tok, tmp_path, caplog, monkeypatch
+):
+    """A validation set of 400 pairs, within the sweep's bound (made generous here, so a
+    slow machine decides nothing): the α sweep runs on all 400, not the first 300, and the log
+    says so and why."""
+    from aiayn.training import finish
+
+    monkeypatch.setattr(finish, "alpha_sweep_bound", lambda max_minutes: 1e6)
+    out = tmp_path / "run"
+    over = {"train.lr_schedule": "cosine_budget", "train.lr": 3e-3, "train.warmup_steps": 10,
+            "train.max_steps": 30, "train.valid_every": 1000, "train.average_last": 2,
+            "decode.beam_size": 2, "train.valid_src": corpus["train.src"],
+            "train.valid_tgt": corpus["train.tgt"]}  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="aiayn.training.finish"):
+        train(tiny(corpus, out, **over), tokenizer=tok, progress=False)
+    choice = json.loads((out / "averaged" / "run_config.json").read_text())["alpha_choice"]
+    assert (choice["sentences"], choice["of"]) == (400, 400)
+    assert choice["estimated_s"] <= choice["bound_s"] == 1e6
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("alpha sweep")]
+    assert len(said) == 1 and said[0].startswith("alpha sweep on 400 of 400 validation sentences")
+    assert "within its" in said[0]
+    assert "on 400 validation sentences" in caplog.text  # the choice's own line
+
+
 def test_a_run_of_any_schedule_averages_its_last_checkpoints(corpus, tok, tmp_path, capsys):
     """average_last with the paper's schedule (not cosine_budget): at the end the last n
     checkpoints kept (save_every apart, and the final step's) are averaged into

@@ -582,6 +582,89 @@ def test_the_sweep_says_what_to_do_with_its_choice() -> None:
     assert sweep_advice(top, "gnmt") == "the model's alpha 0.6 is the best: nothing to change"
 
 
+def _brevity_case() -> tuple[list[str], list[str]]:
+    """40 references of 10 words, and outputs one word short of each (BP 0.895)."""
+    rng = random.Random(7)
+    words = [f"w{i}" for i in range(50)]
+    refs = [" ".join(rng.choices(words, k=10)) for _ in range(40)]
+    return refs, [r.rsplit(" ", 1)[0] for r in refs]
+
+
+def _alpha_rows(*rows: tuple[float, float, float]) -> list[dict]:
+    """Made-up sweep rows (alpha, BLEU, BP), the first the model's own."""
+    return [{"alpha": a, "bleu": b, "chrf": 50.0, "brevity_penalty": bp,
+             "length_ratio": 1 / (1 - math.log(bp)), "current": i == 0}
+            for i, (a, b, bp) in enumerate(rows)]  # fmt: skip
+
+
+def test_a_short_alpha_gives_way_to_the_smallest_larger_one_that_is_not_worse() -> None:
+    """An α whose outputs are more than 5% short (BP < 0.95) is not kept when a larger α
+    reaches BP 0.95 and is not worse beyond chance: the smallest such one is taken."""
+    from aiayn.translate.evaluate import brevity_alpha_row
+
+    refs, short = _brevity_case()
+    outputs = [short, short, refs, refs]
+    # 1.0 is still short; 1.4 and 2.0 reach 0.95 with the same BLEU: 1.4, no test needed
+    rows = _alpha_rows((0.6, 30.0, 0.895), (1.0, 30.0, 0.93), (1.4, 30.0, 0.97), (2.0, 30.0, 1.0))
+    assert brevity_alpha_row(rows, 0, outputs, refs) == (2, {})
+    # by α, not by place in the list
+    assert brevity_alpha_row(rows[::-1], 3, outputs[::-1], refs) == (1, {})
+    # a chosen α that is not short stays, whatever follows
+    assert brevity_alpha_row(rows, 2, outputs, refs) == (2, {})
+    # lower, but within chance: outputs that differ from the short ones in one word
+    close = [*short[:-1], short[-1] + " w0"]
+    rows[2]["bleu"] = 29.9
+    index, tested = brevity_alpha_row(rows, 0, [short, short, close, refs], refs)
+    assert index == 2 and set(tested) == {2} and tested[2] >= 0.05
+
+
+def test_a_short_alpha_stays_when_the_larger_ones_are_worse_or_short_too() -> None:
+    from aiayn.translate.evaluate import brevity_alpha_row
+
+    refs, short = _brevity_case()
+    garbage = ["zz " * 10 for _ in refs]  # the right length, nothing right
+    rows = _alpha_rows((0.6, 30.0, 0.895), (1.4, 10.0, 1.0))
+    index, tested = brevity_alpha_row(rows, 0, [short, garbage], refs)
+    assert index == 0 and tested[1] < 0.05  # significantly worse: the short α stays
+    rows = _alpha_rows((0.6, 30.0, 0.895), (1.4, 31.0, 0.93), (2.0, 32.0, 0.949))
+    assert brevity_alpha_row(rows, 0, [short] * 3, refs) == (0, {})  # none reaches 0.95
+
+
+class _LengthFake:
+    """A translator whose outputs depend on α alone: `by_alpha[α]` (sweep_alpha's input)."""
+
+    def __init__(self, by_alpha: dict[float, list[str]]) -> None:
+        self.by_alpha = by_alpha
+
+    def translate_stream(self, src, cfg, *, batch_tokens=2048, progress=None):
+        from types import SimpleNamespace
+
+        for line in self.by_alpha[cfg.alpha]:
+            yield [SimpleNamespace(text=line)]
+
+
+def test_the_sweep_takes_a_larger_alpha_when_the_gate_keeps_a_short_one(caplog) -> None:
+    """On 4 sentences no gain is beyond chance, so the gate keeps the model's 0.6, whose
+    outputs are 10% short; 1.4 is as long as the references and scores higher: it is chosen,
+    its row says why ("brevity"), and the note says it in one line."""
+    from aiayn.translate.evaluate import alpha_choice_note, sweep_alpha
+
+    refs, short = _brevity_case()
+    refs, short = refs[:4], short[:4]
+    fake = _LengthFake({0.6: short, 1.0: short, 1.4: refs})
+    cfg = DecodeConfig(beam_size=4, alpha=0.6)
+    rows = sweep_alpha(fake, cfg, refs, refs, [0.6, 1.0, 1.4], progress=False)  # type: ignore[arg-type]
+    assert [r["best"] for r in rows] == [False, False, True]
+    assert [r["reason"] for r in rows] == [None, None, "brevity"]
+    assert rows[2]["bleu_p_value"] >= 0.05 / 2  # the gate alone would have kept 0.6
+    note = alpha_choice_note(rows)
+    assert note is not None and note.startswith("alpha 1.4 chosen over 0.6: 0.6's beam outputs")
+    assert "10% short" in note and "BP 0.895" in note
+    stays = sweep_alpha(fake, cfg, refs, refs, [0.6, 1.0], progress=False)  # type: ignore[arg-type]
+    assert stays[0]["best"] and stays[0]["reason"] == "kept"
+    assert "no larger alpha offered reaches BP 0.95" in (alpha_choice_note(stays) or "")
+
+
 def test_cli_evaluate_alphas_scores_each_and_names_the_best(
     model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -120,7 +120,12 @@ def parse_alphas(text: str) -> list[float]:
 
 def run_alpha_sweep(args: argparse.Namespace) -> int:
     """`evaluate --alphas`: a table (or JSON list) of BLEU and chrF per α, and the best one."""
-    from aiayn.translate.evaluate import SIGNIFICANCE_LEVEL, read_test_set, sweep_alpha
+    from aiayn.translate.evaluate import (
+        SIGNIFICANCE_LEVEL,
+        alpha_choice_note,
+        read_test_set,
+        sweep_alpha,
+    )
 
     alphas = parse_alphas(args.alphas)  # checked before the model loads
     if args.alpha is not None or args.hyps is not None:
@@ -142,7 +147,8 @@ def run_alpha_sweep(args: argparse.Namespace) -> int:
     )
     for r in rows:
         p = "-" if r["bleu_p_value"] is None else f"{r['bleu_p_value']:.3f}"
-        marks = [m for m, on in (("the model's", r["current"]), ("<- best", r["best"])) if on]
+        best = "<- best (brevity)" if r["reason"] == "brevity" else "<- best"
+        marks = [m for m, on in (("the model's", r["current"]), (best, r["best"])) if on]
         print(
             f"{r['alpha']:6.2f} {r['bleu']:6.2f} {p:>6} {r['chrf']:6.2f} "
             f"{r['length_ratio']:12.3f} {r['brevity_penalty']:5.3f}  {' '.join(marks)}".rstrip()
@@ -153,6 +159,9 @@ def run_alpha_sweep(args: argparse.Namespace) -> int:
         f"the best moves from it only below {SIGNIFICANCE_LEVEL:g} / {others} other "
         f"alphas = {SIGNIFICANCE_LEVEL / others:.3g}"
     )
+    note = alpha_choice_note(rows)  # outputs short: a larger alpha taken, or why not
+    if note:
+        print(note)
     print(sweep_advice(rows, cfg.length_penalty))
     return 0
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
@@ -18,6 +19,9 @@ from aiayn.store.checkpoints import checkpoint_step, list_checkpoints, write_ave
 from aiayn.store.model_dir import WEIGHTS_FILE, load_model_dir, save_model_dir
 from aiayn.store.run_dir import AVERAGED_DIR
 from aiayn.training.run import Run
+
+if TYPE_CHECKING:
+    from aiayn.translate.translator import Translator
 
 log = logging.getLogger(__name__)
 
@@ -72,17 +76,52 @@ def _write_average(run: Run) -> bool:
 # 0.6 and larger ones, which undertrained models' short beam outputs needed on Multi30k
 # (docs/lab/budget_recipe.md).
 ALPHA_GRID = (0.6, 1.0, 1.4, 2.0)
-ALPHA_SENTENCES = 300  # validation sentences decoded per α: a bounded cost at a run's end
+# The sweep takes as many validation sentences (in order, up to all) as its measured cost
+# allows: the first ALPHA_PROBE are beam-searched with the recipe's α and timed, and the sweep
+# (every α) is given the larger of ALPHA_MIN_SECONDS and ALPHA_BUDGET_SHARE of
+# train.max_minutes, but never fewer than ALPHA_SENTENCES sentences. 300 sentences could not
+# tell apart αs 0.5 BLEU apart (docs/lab/translation_quality.md): the gate against chance
+# needs the whole set where it is affordable, and 10% of the budget keeps it an afterthought.
+ALPHA_SENTENCES = 300
+ALPHA_PROBE = 100
+ALPHA_MIN_SECONDS = 120.0
+ALPHA_BUDGET_SHARE = 0.10
+
+
+def alpha_sweep_bound(max_minutes: float) -> float:
+    """Seconds the α sweep may take at a run's end: the larger of ALPHA_MIN_SECONDS and
+    ALPHA_BUDGET_SHARE of the budget (`train.max_minutes`; 0, no budget, gives the first)."""
+    return max(ALPHA_MIN_SECONDS, ALPHA_BUDGET_SHARE * max_minutes * 60)
+
+
+def alpha_sentences(
+    lengths: list[int], probe: int, probe_seconds: float, passes: int, bound_s: float
+) -> tuple[int, float]:
+    """How many of the validation sentences (`lengths`: their sources' lengths, in order) the
+    sweep takes, and its estimated seconds: as many as keep `passes` beam searches within
+    `bound_s` at the speed the first `probe` sentences took (`probe_seconds`, per character of
+    source), never fewer than ALPHA_SENTENCES (or all, when there are fewer)."""
+    total = len(lengths)
+    per_char = probe_seconds / max(sum(lengths[:probe]), 1)
+    n, chars = 0, 0
+    for length in lengths:
+        if passes * per_char * (chars + length) > bound_s:
+            break
+        n, chars = n + 1, chars + length
+    n = max(n, min(ALPHA_SENTENCES, total))
+    return n, passes * per_char * sum(lengths[:n])
 
 
 def _choose_alpha(run: Run, progress: bool) -> None:
     """Choose the averaged model's length penalty on validation and save it as its [decode]
     default (`run_config.json`, which `translate.saved_decode_config` reads), with the sweep.
 
-    The sweep is `evaluate --alphas`' own (translate.sweep_alpha), at the run's beam size and
-    in the precision `aiayn translate` would decode in, on the first ALPHA_SENTENCES pairs.
+    The sweep is `evaluate --alphas`' own (translate.sweep_alpha: the gate against chance,
+    then the brevity rule), at the run's beam size and in the precision `aiayn translate`
+    would decode in, on as many validation pairs as its measured cost allows
+    (`_alpha_sentences`).
     """
-    from aiayn.translate.evaluate import best_alpha_row, sweep_alpha
+    from aiayn.translate.evaluate import alpha_choice_note, best_alpha_row, sweep_alpha
     from aiayn.translate.translator import Translator
 
     dc, data = run.cfg.decode, run.data
@@ -105,30 +144,41 @@ def _choose_alpha(run: Run, progress: bool) -> None:
     model = load_model_dir(where, run.d.device, expect=Transformer)
     precision = choose_precision("auto", run.d.device, decoding=True)
     translator = Translator(model, run.tok, dc, precision)
-    n = min(ALPHA_SENTENCES, len(data.valid_srcs))
+    alphas = list(ALPHA_GRID)
+    passes = len(alphas) + (dc.alpha not in alphas)
+    n, estimate, bound = _alpha_sentences(run, translator, passes)
     rows = sweep_alpha(
         translator,
         dc,
         data.valid_srcs[:n],
         data.valid_refs[:n],
-        list(ALPHA_GRID),
+        alphas,
         progress=progress,
     )
     best = next(r for r in rows if r["best"])
     path = where / RUN_CONFIG_FILE
     saved = json.loads(path.read_text(encoding="utf-8"))
     saved["decode"] = {**saved.get("decode", {}), "alpha": best["alpha"]}
-    saved["alpha_choice"] = {"sentences": n, "beam_size": dc.beam_size, "rows": rows}
+    saved["alpha_choice"] = {
+        "sentences": n,
+        "of": len(data.valid_srcs),
+        "estimated_s": estimate,
+        "bound_s": bound,
+        "beam_size": dc.beam_size,
+        "rows": rows,
+    }
     atomic_write_json(path, saved)
     top = rows[best_alpha_row(rows)]  # the highest, whether or not it is chosen
     kept = (
         ""
-        if top is best
+        if top is best or best["reason"] != "kept"
         else (
             f"; alpha {top['alpha']:g} scored highest, within chance of {best['alpha']:g} "
             f"(p = {top['bleu_p_value']:.2f}), so the recipe's alpha stays"
         )
     )
+    note = alpha_choice_note(rows)
+    kept += f"; {note}" if note else ""
     log.info(
         "alpha %g chosen for %s on %d validation sentences (beam %d): BLEU (chrF) %s%s",
         best["alpha"],
@@ -138,6 +188,47 @@ def _choose_alpha(run: Run, progress: bool) -> None:
         ", ".join(f"{r['alpha']:g}: {r['bleu']:.2f} ({r['chrf']:.2f})" for r in rows),
         kept,
     )
+
+
+def _alpha_sentences(
+    run: Run, translator: Translator, passes: int
+) -> tuple[int, float | None, float]:
+    """How many validation pairs the α sweep takes (`alpha_sentences`), its estimated seconds
+    and its bound, logged: the first ALPHA_PROBE are beam-searched with the recipe's α and
+    timed, unless there are no more than ALPHA_SENTENCES (then all, untimed)."""
+    srcs, dc = run.data.valid_srcs, run.cfg.decode
+    total, bound = len(srcs), alpha_sweep_bound(run.tc.max_minutes)
+    if total <= ALPHA_SENTENCES:
+        log.info("alpha sweep on all %d validation sentences", total)
+        return total, None, bound
+    probe = min(ALPHA_PROBE, total)
+    t0 = time.monotonic()
+    for _ in translator.translate_stream(srcs[:probe], dc):
+        pass
+    took = time.monotonic() - t0
+    lengths = [len(s) for s in srcs]
+    n, estimate = alpha_sentences(lengths, probe, took, passes, bound)
+    why = (
+        f"over its {bound:.0f} s bound, but never fewer than {ALPHA_SENTENCES}"
+        if estimate > bound
+        else f"within its {bound:.0f} s bound"
+    )
+    log.info(
+        "alpha sweep on %s of %s validation sentences: ~%.0f s estimated for %d beam passes, "
+        "%s (the larger of %.0f s and %.0f%% of train.max_minutes; the first %d took %.1f s "
+        "at alpha %g)",
+        f"{n:,}",
+        f"{total:,}",
+        estimate,
+        passes,
+        why,
+        ALPHA_MIN_SECONDS,
+        100 * ALPHA_BUDGET_SHARE,
+        probe,
+        took,
+        dc.alpha,
+    )
+    return n, estimate, bound
 
 
 def finish_run(run: Run, stopped: str, progress: bool = False) -> None:
