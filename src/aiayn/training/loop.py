@@ -81,10 +81,11 @@ def train(cfg: Config, *, tokenizer: Tokenizer | None = None, progress: bool = T
 def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainResult:
     run, net = prepare_run(cfg, tokenizer, progress)
     stopped = _loop(run, net, progress)
+    trained_minutes = run.elapsed() / 60  # the speed for the advice: finishing not counted
     finish_run(run, stopped, progress)
     tc = run.tc
     if tc.lr_schedule == "cosine_budget" and tc.max_minutes > 0 and run.d.main:
-        usable, words = end_words(run.cfg.model, run.state.step, run.elapsed() / 60, run.last_bleu)
+        usable, words = end_words(run.cfg.model, run.state.step, trained_minutes, run.last_bleu)
         (log.info if usable else log.warning)("%s", words)
     return TrainResult(run.out, run.state.step, stopped, run.last_loss, run.state.best)
 
