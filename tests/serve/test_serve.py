@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install .[serve])")
 import httpx
 import torch
+from paths import BENCH
 from serving import ServerProcess
 
 from aiayn.cli.main import main
@@ -765,11 +766,10 @@ def test_the_closed_loop_bench_answers_what_translate_does(translator, one_threa
     `translate` gives, and restores the methods it timed."""
     import importlib.util
     import sys
-    from pathlib import Path
 
     from aiayn.search.row_search import RowSearch
 
-    bench_dir = Path(__file__).resolve().parent.parent / "bench"
+    bench_dir = BENCH
     monkeypatch.syspath_prepend(str(bench_dir))
     spec = importlib.util.spec_from_file_location(
         "continuous_engine", bench_dir / "continuous_engine.py"
