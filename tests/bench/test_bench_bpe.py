@@ -1,6 +1,6 @@
 """bench/multi30k_bpe.py and multi30k_eval.py's --bpe-codes: the published Multi30k recipe's
-subword-nmt segmentation, written and undone (the plumbing; docs/lab/translation_quality.md has the check
-against the published files themselves)."""
+subword-nmt segmentation, written and undone (the plumbing; docs/lab/translation_quality.md has
+the check against the published files themselves)."""
 
 from __future__ import annotations
 
