@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from aiayn.config import load_config
+from aiayn.config_files import load_config
 from aiayn.runtime.memory import keep_freed_memory
 from aiayn.training.loop import train
 

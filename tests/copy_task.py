@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from paths import CONFIGS
 
-from aiayn.config import load_config
+from aiayn.config_files import load_config
 from aiayn.store.model_dir import load_model_dir, load_tensors
 
 

@@ -5,10 +5,9 @@ import dataclasses
 import pytest
 from paths import CONFIGS as CONFIG_DIR
 
-from aiayn.config import Config, ModelConfig, apply_overrides, builtin_configs, load_config
+from aiayn.config import Config, ModelConfig, check_decode_config, check_recipe
+from aiayn.config_files import apply_overrides, builtin_configs, load_config
 from aiayn.errors import ConfigError
-from aiayn.search.limits import check_decode_config
-from aiayn.training.checks import check_recipe
 
 
 def test_presets_and_frozen():

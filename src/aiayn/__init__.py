@@ -9,7 +9,8 @@ never import torch (~1.6 s of a 2 s `aiayn --help`).
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from aiayn.config import Config, DecodeConfig, ModelConfig, TrainConfig, load_config
+from aiayn.config import Config, DecodeConfig, ModelConfig, TrainConfig
+from aiayn.config_files import load_config
 from aiayn.errors import AiaynError, CheckpointError, ConfigError, DataError
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editors

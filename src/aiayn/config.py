@@ -2,27 +2,17 @@
 
 `ModelConfig` fixes the architecture (the paper's symbols: d_model, h, N, d_ff, P_drop).
 `TrainConfig` and `DecodeConfig` hold the training recipe and the search settings.
-`Config` bundles the three; it is read from TOML (`configs/*.toml`) and changed with typed
-overrides (`--set train.warmup_steps=8000`), always through `dataclasses.replace`.
-
-The recipes live in the package (`aiayn/configs/`; the repository's `configs/` links to it),
-so an installed aiayn has them too: `load_config("own_data")` reads the built-in recipe.
+`Config` bundles the three. Every check of their values is here, beside them: ModelConfig's
+at construction, the recipe's (`check_recipe`) and the search's (`check_decode_config`) where
+they are used. Reading them from TOML and `--set` overrides is `aiayn.config_files`'.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-import tomllib
-import typing
+import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import TypeAdapter, ValidationError
-
-from aiayn.atomic import read_json_object
 from aiayn.errors import ConfigError
 
 # The special-id layout aiayn trains its SentencePiece vocabularies with (text/tokenizer.py), and
@@ -33,19 +23,6 @@ PAD_ID = 0
 UNK_ID = 1
 BOS_ID = 2
 EOS_ID = 3
-
-# The full Config of a training run, saved in its directory (and copied by `aiayn average`).
-RUN_CONFIG_FILE = "run_config.json"
-
-
-def read_run_config(directory: str | Path) -> dict[str, Any]:
-    """A model or run directory's `run_config.json` as a dict; {} when there is none.
-
-    The one reader of the file (resuming, a model's saved search settings, what the server
-    learns of a model): an unreadable file or one that is not a JSON object is a
-    CheckpointError naming it, never a silent default.
-    """
-    return read_json_object(Path(directory) / RUN_CONFIG_FILE)
 
 
 @dataclass(frozen=True)
@@ -238,128 +215,131 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
 
-# --- reading and overriding -------------------------------------------------------------------
+# --- checks of the values (ModelConfig's run in __post_init__: no model is built from a bad
+# one; the recipe and the search settings are checked where they are used, before any
+# work: training before anything is written, the server on every request) ---------------
+
+# Past ~100 the penalty ((5 + |Y|) / 6) ** alpha overflows a float for long outputs; no
+# published setting goes beyond 2 (fairseq, Marian, GNMT use 0.6-1.4).
+MAX_ALPHA = 10.0
+MAX_LENGTH = 2**31 - 1  # token counts in settings: more than any positional table holds
+# One sentence's rows (beams, or samples) at most: `--sample --nbest 100000` held 8.9 GB for
+# one word of the quick start model. Beams of 4-10 are usual; a thousand samples feed MBR.
+MAX_ROWS = 1024
+MAX_THREADS = 4096  # torch takes a C int; a count past it (or below 0) was a traceback
 
 
-def _config_error(e: ValidationError, where: str) -> ConfigError:
-    """pydantic's first complaint as aiayn's one line: `train.max_tokens='lots': expected int`."""
-    err = e.errors()[0]
-    kind, ctx = err["type"], err.get("ctx", {})
-    if kind == "value_error":  # a dataclass's own check (__post_init__) said it: keep its words
-        return ConfigError(str(ctx["error"]))
-    at = ".".join([where, *map(str, err["loc"])]).strip(".")
-    if kind == "missing":
-        return ConfigError(f"[{where}]: missing required field {at!r}")
-    if kind == "literal_error":
-        return ConfigError(f"{at}={err['input']!r}: choose one of {ctx['expected']}")
-    typ = {"int": "int", "bool": "bool", "float": "float", "string": "str"}.get(kind.split("_")[0])
-    return ConfigError(f"{at}={err['input']!r}: " + (f"expected {typ}" if typ else err["msg"]))
+def check_threads(n: int, name: str = "--threads") -> None:
+    """A thread count torch can take: 0 (its default) up to MAX_THREADS."""
+    if not 0 <= n <= MAX_THREADS:
+        raise ConfigError(f"{name}={n}: give 0 (torch's default) up to {MAX_THREADS}")
 
 
-def _validate(tp: Any, value: Any, where: str) -> Any:
-    """`value` (TOML, JSON or a `--set` string) as type `tp`, by pydantic's lax conversions
-    ("8_000" -> 8000, "on" -> True, [0.9, 0.98] -> a tuple; 3.5 is no int)."""
-    try:
-        return TypeAdapter(tp).validate_python(value)
-    except ValidationError as e:
-        raise _config_error(e, where) from None
-
-
-def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
-    """Build dataclass `cls` from a plain dict, converting types and rejecting unknown keys."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - names if isinstance(data, dict) else set()
-    if unknown:
+def check_recipe(tc: TrainConfig) -> None:
+    """Refuse TrainConfig values, and combinations of them, that cannot work, before anything
+    is written. Every range is written so that NaN fails it (its comparisons are false)."""
+    inf = math.inf
+    ranges = [  # a value out of its range trained silently (lr=inf: NaN loss for an hour)
+        (tc.vocab_size >= 1 and tc.max_len >= 1, "vocab_size and max_len must be at least 1"),
+        (0 <= tc.label_smoothing < 1, f"label_smoothing={tc.label_smoothing} must be in [0, 1)"),
+        (0 <= tc.lr < inf, f"lr={tc.lr} must be a number >= 0"),  # 0: frozen (tests use it)
+        (
+            tc.warmup_steps >= (1 if tc.lr_schedule == "noam" else 0),  # noam divides by it
+            f"warmup_steps={tc.warmup_steps} must be >= 0 (noam: >= 1)",
+        ),
+        (all(0 <= b < 1 for b in tc.adam_betas), f"adam_betas={tc.adam_betas} must be in [0, 1)"),
+        (
+            all(0 <= x < inf for x in (tc.adam_eps, tc.weight_decay, tc.clip_norm)),
+            "adam_eps, weight_decay and clip_norm must be numbers >= 0",
+        ),
+        (tc.max_steps >= 1, f"max_steps={tc.max_steps} must be at least 1"),
+        (0 <= tc.max_minutes < inf, f"max_minutes={tc.max_minutes} must be >= 0 (0 = no limit)"),
+        (
+            min(
+                tc.max_epochs,
+                tc.valid_every,
+                tc.save_every,
+                tc.patience,
+                tc.bleu_samples,
+                tc.keep_last,
+                tc.average_last,
+            )
+            >= 0,
+            "max_epochs, valid_every, save_every, patience, bleu_samples, keep_last and "
+            "average_last must be >= 0",
+        ),
+        (tc.log_every >= 1, f"log_every={tc.log_every} must be at least 1"),
+    ]
+    for ok, message in ranges:
+        if not ok:
+            raise ConfigError(f"train.{message}")
+    check_threads(tc.threads, "train.threads")  # the bound set_threads applies
+    if tc.accum_steps < 1 or tc.max_tokens < 1:
+        raise ConfigError("train.accum_steps and train.max_tokens must be at least 1")
+    if tc.best_metric == "bleu" and tc.bleu_samples < 1:
+        raise ConfigError("train.best_metric = 'bleu' needs train.bleu_samples >= 1")
+    if not 0.0 < tc.budget_decay <= 1.0:
+        raise ConfigError(f"train.budget_decay={tc.budget_decay} must be in (0, 1]")
+    if not 0.0 <= tc.subword_alpha < 1.0:
+        raise ConfigError(f"train.subword_alpha={tc.subword_alpha} must be in [0, 1)")
+    if tc.subword_alpha and tc.spm_model_type == "word":
         raise ConfigError(
-            f"unknown key(s) {sorted(unknown)} in [{where or cls.__name__}]; known: {sorted(names)}"
+            "train.subword_alpha samples segmentations; a 'word' vocabulary "
+            "(train.spm_model_type) keeps the text's own"
         )
-    return _validate(cls, data, where or cls.__name__)
+    if tc.average_last == 0:
+        return
+    if tc.average_last < 2:
+        raise ConfigError(f"train.average_last={tc.average_last}: average at least 2 (0 = off)")
+    if tc.average_last > tc.keep_last:
+        raise ConfigError(
+            f"train.average_last={tc.average_last} exceeds train.keep_last={tc.keep_last}: "
+            "the averaged checkpoints must all be kept"
+        )
 
 
-def to_dict(obj: Any) -> dict[str, Any]:
-    """A JSON-ready dict (tuples become lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(obj)))
+def search_rows(cfg: DecodeConfig) -> int:
+    """The rows one sentence takes in the search: its beams, its samples, or one (greedy)."""
+    return cfg.nbest if cfg.sample else cfg.beam_size
 
 
-def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
-    """Apply `section.field=value` strings, each typed from the dataclass field."""
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        section, dot, name = key.strip().partition(".")
-        if not sep or not dot or section not in ("model", "train", "decode"):
-            raise ConfigError(f"--set {item!r}: expected model|train|decode.FIELD=VALUE")
-        sub = getattr(cfg, section)
-        hints = typing.get_type_hints(type(sub))
-        if name not in hints:
-            known = sorted(f.name for f in dataclasses.fields(sub))
-            raise ConfigError(f"--set {item!r}: {section} has no field {name!r}; known: {known}")
-        value: Any = raw.strip()
-        tp = hints[name]
-        if typing.get_origin(tp) is tuple:  # "0.9,0.98" or "(0.9, 0.98)"
-            value = [v for v in value.strip("()[] ").split(",") if v.strip()]
-        value = _validate(tp, value, key)
-        cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(sub, **{name: value})})
-    return cfg
-
-
-# The recipes shipped with aiayn, as package data: aiayn/configs/NAME.toml
-BUILTIN_CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
-
-
-def builtin_configs() -> list[str]:
-    """The names of the shipped recipes (`own_data`, `multi30k_en_de`, ...)."""
-    return sorted(p.stem for p in BUILTIN_CONFIGS_DIR.glob("*.toml"))
-
-
-def find_config(name_or_path: str | Path) -> Path:
-    """A config file: the path given where it exists, else the built-in recipe of that name
-    (`own_data` or `own_data.toml`: a bare name, so that a mistyped path is never replaced by
-    a recipe). Missing both: a ConfigError naming the recipes."""
-    path = Path(name_or_path)
-    try:
-        if path.is_file():
-            return path
-        if path.is_dir():
-            raise ConfigError(f"config {path} is a directory; give a TOML file")
-    except OSError as e:  # is_file raises some errors: a name over the system's length limit
-        raise ConfigError(f"config {str(path)[:80]!r}: {e.strerror}") from None
-    bare = len(path.parts) == 1 and not str(name_or_path).endswith(("/", os.sep))  # own_data/
-    if bare and path.suffix in ("", ".toml"):
-        builtin = BUILTIN_CONFIGS_DIR / f"{path.stem}.toml"
-        if builtin.is_file():
-            return builtin
-    raise ConfigError(
-        f"config file not found: {path} (the built-in recipes, by name: "
-        f"{', '.join(builtin_configs())})"
-    )
-
-
-def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Read a TOML config (tables [model], [train], [decode]) and apply `--set` overrides.
-
-    `path` is a file, or the name of a built-in recipe (`find_config`).
-
-    `[model]` may name a `preset`; its other keys override the preset. `vocab_size` may be
-    left out: it is filled from the tokenizer when training starts.
-    """
-    path = find_config(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    unknown = set(data) - {"model", "train", "decode"}
-    if unknown:
-        raise ConfigError(f"{path}: unknown table(s) {sorted(unknown)}; use model/train/decode")
-    model = dict(data.get("model", {}))
-    preset = model.pop("preset", None)
-    if preset is not None:
-        if preset not in MODEL_PRESETS:
-            raise ConfigError(f"{path}: unknown preset {preset!r}; one of {sorted(MODEL_PRESETS)}")
-        model = {**MODEL_PRESETS[preset], **model}
-    model.setdefault("vocab_size", 8)  # placeholder until the tokenizer fixes it
-    cfg = Config(
-        model=from_dict(ModelConfig, model, "model"),
-        train=from_dict(TrainConfig, data.get("train", {}), "train"),
-        decode=from_dict(DecodeConfig, data.get("decode", {}), "decode"),
-    )
-    return apply_overrides(cfg, overrides or [])
+def check_decode_config(cfg: DecodeConfig, vocab_size: int = 0) -> None:
+    """Raise a one-line ConfigError for settings no search can honour (with `vocab_size`, the
+    model's: also a beam wider than its vocabulary, which has fewer tokens than beams to fill)."""
+    # One `if` each, so a message is only formatted when it is raised: the server checks the
+    # settings of every request.
+    if cfg.beam_size < 1:
+        raise ConfigError(f"beam size must be at least 1, got {cfg.beam_size}")
+    if cfg.nbest < 1:
+        raise ConfigError(f"nbest must be at least 1, got {cfg.nbest}")
+    if search_rows(cfg) > MAX_ROWS:
+        raise ConfigError(
+            f"{'nbest (samples)' if cfg.sample else 'beam size'} {search_rows(cfg):,} is more "
+            f"than {MAX_ROWS:,}: each is a row of the search, with its own caches and logits"
+        )
+    if not cfg.sample and cfg.nbest > cfg.beam_size:
+        raise ConfigError(f"nbest={cfg.nbest} cannot exceed the beam size {cfg.beam_size}")
+    if vocab_size and not cfg.sample and cfg.beam_size > vocab_size:
+        raise ConfigError(
+            f"beam size {cfg.beam_size} exceeds the model's vocabulary of {vocab_size} tokens"
+        )
+    if not all(map(math.isfinite, (cfg.alpha, cfg.temperature, cfg.top_p, cfg.max_len_a))):
+        raise ConfigError("alpha, temperature, top_p and max_len_a must be finite numbers")
+    if cfg.temperature <= 0:
+        raise ConfigError(f"temperature must be positive, got {cfg.temperature}")
+    if not 0.0 < cfg.top_p <= 1.0:
+        raise ConfigError(f"top_p must be in (0, 1], got {cfg.top_p}")
+    if cfg.top_k < 0:
+        raise ConfigError(f"top_k must be >= 0 (0 = off), got {cfg.top_k}")
+    if cfg.min_len < 0:
+        raise ConfigError(f"min_len must be >= 0, got {cfg.min_len}")
+    if cfg.max_len_a < 0 or cfg.max_len_b < 0:
+        raise ConfigError("max_len_a and max_len_b must be >= 0")
+    if cfg.max_tokens < 0:
+        raise ConfigError(f"max_tokens must be >= 0 (0 = the model's), got {cfg.max_tokens}")
+    if cfg.length_penalty not in ("gnmt", "power"):
+        raise ConfigError(f"length_penalty={cfg.length_penalty!r}: choose 'gnmt' or 'power'")
+    if not 0 <= cfg.alpha <= MAX_ALPHA:
+        raise ConfigError(f"length penalty alpha must be in [0, {MAX_ALPHA:g}], got {cfg.alpha}")
+    if max(cfg.min_len, cfg.max_len_b) > MAX_LENGTH:  # they become int64 tensors
+        raise ConfigError(f"min_len and max_len_b must be at most {MAX_LENGTH:,} tokens")

@@ -41,7 +41,7 @@ def test_train_needs_only_the_corpus(tmp_path, monkeypatch, capsys):
     from pathlib import Path
 
     from aiayn.cli.main import build_parser
-    from aiayn.config import load_config
+    from aiayn.config_files import load_config
 
     monkeypatch.chdir(tmp_path)  # no configs/ here: the recipe comes from the package
     args = build_parser().parse_args(["train", "--set", "train.src=a.txt"])

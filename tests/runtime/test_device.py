@@ -14,7 +14,7 @@ import torch.distributed as dist
 from paths import CONFIGS
 
 from aiayn.cli.main import main
-from aiayn.config import load_config
+from aiayn.config_files import load_config
 from aiayn.errors import ConfigError
 from aiayn.runtime.device import (
     DeviceError,

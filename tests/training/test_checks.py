@@ -10,7 +10,8 @@ import pytest
 import torch
 from copy_task import CONFIGS, tiny
 
-from aiayn.config import Config, ModelConfig, TrainConfig, load_config
+from aiayn.config import Config, ModelConfig, TrainConfig
+from aiayn.config_files import load_config
 from aiayn.training.loop import train
 
 
@@ -104,8 +105,8 @@ def test_bad_averaging_recipes_are_one_line_config_errors(corpus, tmp_path, over
 def test_out_of_range_training_values_are_one_line_config_errors(field, value):
     """Each trained on before: lr=inf to a NaN loss, max_minutes=-1 without end, NaN minutes
     to a traceback. Refused before anything is written (check_recipe runs first)."""
+    from aiayn.config import check_recipe
     from aiayn.errors import ConfigError
-    from aiayn.training.checks import check_recipe
 
     with pytest.raises(ConfigError, match=f"train.*{field}") as e:
         check_recipe(dataclasses.replace(TrainConfig(), **{field: value}))
@@ -138,8 +139,8 @@ def test_a_batch_whose_logits_cannot_fit_is_refused_but_a_small_corpus_is_not():
 
 
 def test_noam_needs_a_warmup_and_threads_are_checked_before_they_are_set():
+    from aiayn.config import check_recipe
     from aiayn.errors import ConfigError
-    from aiayn.training.checks import check_recipe
 
     with pytest.raises(ConfigError, match="warmup_steps=0"):  # noam divides by it
         check_recipe(TrainConfig(lr_schedule="noam", warmup_steps=0))
@@ -150,13 +151,13 @@ def test_noam_needs_a_warmup_and_threads_are_checked_before_they_are_set():
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
 def test_every_shipped_config_is_a_valid_recipe(path):
-    from aiayn.training.checks import check_recipe
+    from aiayn.config import check_recipe
 
     check_recipe(load_config(path).train)
 
 
 def test_own_data_config_is_a_valid_budget_recipe():
-    from aiayn.training.checks import check_recipe
+    from aiayn.config import check_recipe
 
     cfg = load_config(CONFIGS / "own_data.toml")
     tc = cfg.train

@@ -19,7 +19,7 @@ import pytest
 import torch
 from copy_task import CONFIGS, logged_losses, tiny
 
-from aiayn.config import load_config
+from aiayn.config_files import load_config
 from aiayn.store.checkpoints import list_checkpoints
 from aiayn.store.model_dir import load_model_dir, load_tensors
 from aiayn.text.tokenizer import Tokenizer

@@ -18,10 +18,9 @@ import torch
 from paths import CONFIGS
 
 from aiayn.cli.main import main
-from aiayn.config import DecodeConfig, ModelConfig
+from aiayn.config import DecodeConfig, ModelConfig, search_rows
 from aiayn.errors import DataError
 from aiayn.nn.model import Transformer
-from aiayn.search.limits import search_rows
 from aiayn.store.model_dir import save_model_dir
 from aiayn.text.corpus import read_lines
 from aiayn.text.tokenizer import Tokenizer

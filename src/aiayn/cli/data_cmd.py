@@ -28,7 +28,8 @@ def add_info(sub: argparse._SubParsersAction) -> None:
 def run_info(args: argparse.Namespace) -> int:
     import torch
 
-    from aiayn.config import MODEL_PRESETS, ModelConfig, to_dict
+    from aiayn.config import MODEL_PRESETS, ModelConfig
+    from aiayn.config_files import to_dict
     from aiayn.nn.model import Transformer, _ModelBase, count_parameters
     from aiayn.store.directory import ModelDir
 

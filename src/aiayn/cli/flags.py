@@ -120,9 +120,9 @@ def decode_setup(args: argparse.Namespace) -> tuple[Translator, DecodeConfig]:
     import dataclasses
     import logging
 
+    from aiayn.config import check_decode_config
     from aiayn.interop.engines import load_translator
     from aiayn.runtime.device import resolve_device, set_threads
-    from aiayn.search.limits import check_decode_config
     from aiayn.store.directory import ModelDir, is_export_dir
     from aiayn.translate.translator import Translator
 

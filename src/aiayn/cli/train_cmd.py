@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from aiayn.cli.flags import add_device_flag
-from aiayn.config import builtin_configs
+from aiayn.config_files import builtin_configs
 
 # Two files are enough: `aiayn train --set train.src=A --set train.tgt=B` runs the own-data recipe
 DEFAULT_CONFIG = "own_data"
@@ -46,7 +46,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     import logging
 
-    from aiayn.config import load_config
+    from aiayn.config_files import load_config
     from aiayn.training.loop import train
 
     rank = int(os.environ.get("RANK", "0"))

@@ -100,7 +100,7 @@ MAX_COMPARE = 10
 def parse_alphas(text: str) -> list[float]:
     """The distinct values of a comma list, in their order (a repeated α would translate the
     file again for the same row), checked before any run."""
-    from aiayn.search.limits import MAX_ALPHA
+    from aiayn.config import MAX_ALPHA
 
     try:
         alphas = list(dict.fromkeys(float(a) for a in text.split(",") if a.strip()))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from aiayn.config import DecodeConfig
+from aiayn.config import DecodeConfig, check_decode_config
 from aiayn.errors import AiaynError
 from aiayn.glassbox.explain import explain, trace_beam
 from aiayn.glassbox.explanation import Explanation
@@ -16,7 +16,6 @@ from aiayn.glassbox.render import View, to_json_text, to_text
 from aiayn.glassbox.render_html import to_html
 from aiayn.nn.model import Transformer
 from aiayn.runtime.device import resolve_device
-from aiayn.search.limits import check_decode_config
 from aiayn.store.directory import ModelDir
 from aiayn.text.tokenizer import Tokenizer
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from aiayn.atomic import atomic_write_json, check_new_dir
-from aiayn.config import DecodeConfig, ModelConfig, to_dict
+from aiayn.config import DecodeConfig, ModelConfig
+from aiayn.config_files import to_dict
 from aiayn.nn.model import Transformer
 from aiayn.store.directory import EXPORT_FORMAT, EXPORT_FORMAT_VERSION, ModelDir
 from aiayn.store.model_dir import EXPORT_FILE

@@ -30,11 +30,11 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from aiayn.atomic import atomic_dir, atomic_write_json, check_new_dir, read_json_object
-from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, ModelConfig, to_dict
+from aiayn.config import MAX_ALPHA, DecodeConfig, ModelConfig
+from aiayn.config_files import RUN_CONFIG_FILE, to_dict
 from aiayn.errors import CheckpointError
 from aiayn.nn.embeddings import sinusoidal_positions
 from aiayn.nn.model import Transformer
-from aiayn.search.limits import MAX_ALPHA
 from aiayn.store.model_dir import check_position_table, check_state_dict, save_model_dir
 from aiayn.text.tokenizer import MARIAN_FILES, MarianTokenizer, check_marian_vocab
 

@@ -23,12 +23,12 @@ from typing import Literal
 
 import torch
 
+from aiayn.config import check_threads
 from aiayn.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 DTYPES = ("auto", "fp32", "bf16")
-MAX_THREADS = 4096  # torch takes a C int; a count past it (or below 0) was a traceback
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda)(?::(\d+))?$")
 
 
@@ -158,12 +158,6 @@ def choose_precision(
     tf32 = device.type == "cuda"
     extra = " with TF32 matmuls" if tf32 else ""
     return Precision(device, "fp32", tf32, f"auto: fp32{extra}, no native bf16 on {found}")
-
-
-def check_threads(n: int, name: str = "--threads") -> None:
-    """A thread count torch can take: 0 (its default) up to MAX_THREADS."""
-    if not 0 <= n <= MAX_THREADS:
-        raise ConfigError(f"{name}={n}: give 0 (torch's default) up to {MAX_THREADS}")
 
 
 def usable_cpus() -> int:

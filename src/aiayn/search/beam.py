@@ -12,10 +12,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from aiayn.config import DecodeConfig
+from aiayn.config import DecodeConfig, check_decode_config
 from aiayn.search.beam_candidates import TopK, ending_candidates
 from aiayn.search.hypothesis import Hypothesis, length_penalty
-from aiayn.search.limits import check_decode_config
 from aiayn.search.slots import join_caches, join_memories, pad_cols
 from aiayn.search.step import Decodable, check_stop, encode_parts, forbid, output_limits
 from aiayn.search.step_view import BeamState, OnStep, beam_view

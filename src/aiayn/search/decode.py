@@ -43,10 +43,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from aiayn.config import DecodeConfig
+from aiayn.config import DecodeConfig, check_decode_config
 from aiayn.search.beam import BeamSearch, run_whole
 from aiayn.search.hypothesis import Hypothesis
-from aiayn.search.limits import check_decode_config
 from aiayn.search.row_search import Pick, RowSearch, pick_best
 from aiayn.search.sampling import inverse_cdf_sample, sample_seed, top_k_filter, top_p_filter
 from aiayn.search.step import Decodable, inference

@@ -11,10 +11,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from aiayn.config import DecodeConfig
+from aiayn.config import DecodeConfig, check_decode_config
 from aiayn.nn.kv_cache import Memory
 from aiayn.search.hypothesis import Hypothesis, length_penalty
-from aiayn.search.limits import check_decode_config
 from aiayn.search.slots import SlotCache, join_memories, pad_cols
 from aiayn.search.step import Decodable, check_stop, forbid, output_limits
 from aiayn.search.step_view import OnStep, SingleRows, single_view

@@ -22,12 +22,12 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import Receive
 
 from aiayn import __version__
-from aiayn.config import DecodeConfig, to_dict
+from aiayn.config import MAX_ROWS, DecodeConfig, search_rows
+from aiayn.config_files import to_dict
 from aiayn.errors import AiaynError
 from aiayn.glassbox.explain_report import trace_sentence, trace_settings
 from aiayn.glassbox.render import View, to_json
 from aiayn.nn.tracing import TraceTooLargeError
-from aiayn.search.limits import MAX_ROWS, search_rows
 from aiayn.serve.batcher import Batcher
 from aiayn.serve.guard import Metrics, allowed_hosts, media_type
 from aiayn.serve.jobs import ClosedError, ExpiredError, Job, QueueFullError

@@ -23,8 +23,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from aiayn.config import read_run_config
-from aiayn.search.limits import MAX_ALPHA
+from aiayn.config import MAX_ALPHA
+from aiayn.config_files import read_run_config
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from aiayn.atomic import (
     read_json_object,
     remove_dir,
 )
-from aiayn.config import RUN_CONFIG_FILE
+from aiayn.config_files import RUN_CONFIG_FILE
 from aiayn.errors import CheckpointError
 from aiayn.nn.model import _ModelBase
 from aiayn.store.model_dir import (

@@ -23,10 +23,10 @@ from typing import Any, Literal, TypeVar, cast
 import torch
 
 from aiayn.atomic import read_json_object
-from aiayn.config import RUN_CONFIG_FILE, DecodeConfig, ModelConfig, from_dict, read_run_config
+from aiayn.config import DecodeConfig, ModelConfig, check_decode_config
+from aiayn.config_files import RUN_CONFIG_FILE, from_dict, read_run_config
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.nn.model import _ModelBase
-from aiayn.search.limits import check_decode_config
 from aiayn.store.model_dir import EXPORT_FILE, build_model, model_config_of, read_model_meta
 from aiayn.text.tokenizer import Tokenizer
 

@@ -20,7 +20,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from aiayn.atomic import atomic_write_bytes, atomic_write_json, read_json_object
-from aiayn.config import ModelConfig, from_dict, to_dict
+from aiayn.config import ModelConfig
+from aiayn.config_files import from_dict, to_dict
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.nn.embeddings import position_table_bytes
 from aiayn.nn.model import _ModelBase

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.config import RUN_CONFIG_FILE, Config, TrainConfig, read_run_config, to_dict
+from aiayn.config import Config, TrainConfig
+from aiayn.config_files import RUN_CONFIG_FILE, read_run_config, to_dict
 from aiayn.errors import CheckpointError, DataError
 from aiayn.runtime.distributed import Dist
 from aiayn.store.checkpoints import (

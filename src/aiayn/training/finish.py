@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from aiayn.atomic import atomic_write_json
-from aiayn.config import RUN_CONFIG_FILE
+from aiayn.config_files import RUN_CONFIG_FILE
 from aiayn.nn.model import Transformer
 from aiayn.runtime.device import choose_precision
 from aiayn.store.checkpoints import checkpoint_step, list_checkpoints, write_average

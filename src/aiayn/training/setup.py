@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 from aiayn.atomic import atomic_write_json, atomic_write_text
-from aiayn.config import RUN_CONFIG_FILE, Config, TrainConfig, to_dict
+from aiayn.config import Config, TrainConfig, check_recipe
+from aiayn.config_files import RUN_CONFIG_FILE, to_dict
 from aiayn.errors import ConfigError
 from aiayn.nn.model import Transformer
 from aiayn.runtime.device import choose_precision
@@ -39,7 +40,7 @@ from aiayn.store.run_dir import (
 from aiayn.text.corpus import HELDOUT_FILES, DataStats, Heldout, hold_out, read_parallel
 from aiayn.text.data import load_data, require_corpus
 from aiayn.text.tokenizer import Tokenizer
-from aiayn.training.checks import check_batch_fits, check_model_fits, check_recipe
+from aiayn.training.checks import check_batch_fits, check_model_fits
 from aiayn.training.run import Run
 
 log = logging.getLogger(__name__)

@@ -19,13 +19,12 @@ from pathlib import Path
 
 import torch
 
-from aiayn.config import DecodeConfig
+from aiayn.config import MAX_ROWS, DecodeConfig, check_decode_config, search_rows
 from aiayn.errors import DataError
 from aiayn.nn.model import Transformer
 from aiayn.runtime.device import Precision, choose_precision, resolve_device
 from aiayn.search.decode import search
 from aiayn.search.hypothesis import Hypothesis
-from aiayn.search.limits import MAX_ROWS, check_decode_config, search_rows
 from aiayn.search.sampling import sample_seed
 from aiayn.store.directory import ModelDir, open_model_dir
 from aiayn.text.batches import cut_batches, pad_rows
