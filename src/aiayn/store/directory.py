@@ -91,7 +91,11 @@ class ModelDir:
         if is_export_dir(path):
             meta = read_export_meta(path)
             return cls(
-                path, "export", meta, model_config_of(meta, path), _export_decode_config(meta, path)
+                path,
+                "export",
+                meta,
+                model_config_of(meta, path, EXPORT_FILE),
+                _export_decode_config(meta, path),
             )
         meta = read_model_meta(path)
         return cls(path, "aiayn", meta, model_config_of(meta, path), saved_decode_config(path))
@@ -112,8 +116,8 @@ class ModelDir:
         """The aiayn model directory behind this one: an export's source, if it is still
         there (the glass box traces it), else this directory."""
         if self.is_export:
-            source = Path(str(self.meta.get("source_model", "")))
-            return source if source.is_dir() else self.path
+            source = str(self.meta.get("source_model") or "")
+            return Path(source) if source and Path(source).is_dir() else self.path
         return self.path
 
     @property

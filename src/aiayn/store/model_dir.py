@@ -102,12 +102,14 @@ def load_model_config(directory: str | Path) -> ModelConfig:
     return model_config_of(read_model_meta(directory), directory)
 
 
-def model_config_of(meta: dict[str, Any], directory: str | Path) -> ModelConfig:
-    """The model config in a `config.json` (or `aiayn_export.json`) already read."""
+def model_config_of(
+    meta: dict[str, Any], directory: str | Path, name: str = CONFIG_FILE
+) -> ModelConfig:
+    """The model config in a `config.json` (or `name`, e.g. `aiayn_export.json`) already read."""
     try:
         return from_dict(ModelConfig, meta["model"], "model")
     except (ConfigError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{directory}/{CONFIG_FILE}: bad model config: {e}") from None
+        raise CheckpointError(f"{directory}/{name}: bad model config: {e}") from None
 
 
 def check_state_dict(model: torch.nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:
