@@ -114,9 +114,9 @@ def alpha_sentences(
 
 def _choose_alpha(run: Run, progress: bool) -> None:
     """Choose the averaged model's length penalty on validation and save it as its [decode]
-    default (`run_config.json`, which `translate.saved_decode_config` reads), with the sweep.
+    default (`run_config.json`, which `store.directory.ModelDir` reads), with the sweep.
 
-    The sweep is `evaluate --alphas`' own (translate.sweep_alpha: the gate against chance,
+    The sweep is `evaluate --alphas`' own (translate.evaluate.sweep_alpha: the gate against chance,
     then the brevity rule), at the run's beam size and in the precision `aiayn translate`
     would decode in, on as many validation pairs as its measured cost allows
     (`_alpha_sentences`).
