@@ -9,7 +9,7 @@ what is drawn beside it), at most 0.85 so the printed value stays legible. A mas
 
 from __future__ import annotations
 
-BLUE, RED = "31,119,180", "214,39,40"  # matplotlib's tab:blue and tab:red, as the PNG heatmaps
+BLUE, RED = "31,119,180", "214,39,40"  # matplotlib's tab:blue and tab:red
 MASKED = "#ccc"
 SIGNED_OPACITY = 0.85
 

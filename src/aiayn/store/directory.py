@@ -25,7 +25,7 @@ import torch
 from aiayn.atomic import read_json_object
 from aiayn.config import DecodeConfig, ModelConfig, check_decode_config
 from aiayn.config_files import RUN_CONFIG_FILE, from_dict, read_run_config
-from aiayn.errors import CheckpointError, ConfigError
+from aiayn.errors import CheckpointError
 from aiayn.nn.model import _ModelBase
 from aiayn.store.model_dir import EXPORT_FILE, build_model, model_config_of, read_model_meta
 from aiayn.text.tokenizer import Tokenizer
@@ -57,20 +57,16 @@ def saved_decode_config(directory: str | Path) -> DecodeConfig:
     """The `[decode]` table saved with a model (or run) directory, or the defaults if there is
     none."""
     table = read_run_config(directory).get("decode", {})
+    return _decode_config(table, f"{Path(directory) / RUN_CONFIG_FILE} is unreadable")
+
+
+def _decode_config(table: Any, refusal: str) -> DecodeConfig:
+    """The search defaults in a saved `[decode]` table, checked; a bad one is a
+    CheckpointError that starts with `refusal` (the file's name)."""
     try:
         cfg = from_dict(DecodeConfig, table, "decode")
-    except (ValueError, AttributeError) as e:  # a bad value, not a table
-        raise CheckpointError(f"{Path(directory) / RUN_CONFIG_FILE} is unreadable: {e}") from None
-    check_decode_config(cfg)
-    return cfg
-
-
-def _export_decode_config(meta: dict[str, Any], directory: Path) -> DecodeConfig:
-    """The search defaults an export was saved with (its source model's)."""
-    try:
-        cfg = from_dict(DecodeConfig, meta.get("decode", {}), "decode")
-    except (ConfigError, TypeError) as e:
-        raise CheckpointError(f"{directory}/{EXPORT_FILE}: bad decode settings: {e}") from None
+    except (ValueError, TypeError, AttributeError) as e:  # a bad value, or not a table
+        raise CheckpointError(f"{refusal}: {e}") from None
     check_decode_config(cfg)
     return cfg
 
@@ -95,7 +91,9 @@ class ModelDir:
                 "export",
                 meta,
                 model_config_of(meta, path, EXPORT_FILE),
-                _export_decode_config(meta, path),
+                _decode_config(
+                    meta.get("decode", {}), f"{path}/{EXPORT_FILE}: bad decode settings"
+                ),
             )
         meta = read_model_meta(path)
         return cls(path, "aiayn", meta, model_config_of(meta, path), saved_decode_config(path))

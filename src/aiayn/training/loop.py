@@ -112,8 +112,8 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
                 fit_budget(run) if state.total_steps == 0 else refit_budget(run)
             ):
                 bar.total = state.total_steps
-                if run.budget_short:  # the log says by how much, and what to give
-                    bar.set_description("budget too short")
+                # the log says by how much, and what to give; a re-fit may cross either way
+                bar.set_description("budget too short" if run.budget_short else "")
                 bar.refresh()
             lr = learning_rate(state.step + 1, tc, run.cfg.model.d_model, run.plan())
             epoch = state.epoch
