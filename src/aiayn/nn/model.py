@@ -111,6 +111,18 @@ class EncoderLayer(_ResidualLayer):
         x_BSD = self.sublayer(x_BSD, 1, lambda h: self.self_attn(h, h, keep_B11S, causal=causal))
         return self.sublayer(x_BSD, 2, self.ffn)
 
+    def step(self, x_BTD: Tensor, cache: KVCache, layer: int, keep_B1TC: Tensor | None) -> Tensor:
+        """The causal layer (a GPT block) for new positions only, reading and extending the KV
+        cache; `keep_B1TC`: which cached columns each row may see (None: all)."""
+
+        def self_attn(h_BTD: Tensor) -> Tensor:
+            q_BHTK, k_BHTK, v_BHTK = self.self_attn.project_qkv(h_BTD)
+            k_BHCK, v_BHCK = cache.append_self(layer, k_BHTK, v_BHTK)  # C: cached positions
+            return self.self_attn.attend(q_BHTK, k_BHCK, v_BHCK, keep_B1TC, causal=True)
+
+        x_BTD = self.sublayer(x_BTD, 1, self_attn)
+        return self.sublayer(x_BTD, 2, self.ffn)
+
 
 class DecoderLayer(_ResidualLayer):
     """Masked self-attention -> cross-attention over the encoder output -> FFN (§3.1, Figure 1)."""
@@ -169,6 +181,16 @@ class Encoder(nn.Module):
             x_BSD = self.norm(x_BSD)
             tap(f"{self.trace_name}.norm", x_BSD)
         return x_BSD
+
+    def step(self, x_BTD: Tensor, cache: KVCache, keep_B1TC: Tensor | None) -> Tensor:
+        """Causal layers over new positions with the KV cache (a decoder-only model's step)."""
+        layer: EncoderLayer
+        for i, layer in enumerate(self.layers):  # type: ignore[assignment]  # ModuleList items
+            x_BTD = layer.step(x_BTD, cache, i, keep_B1TC)
+        if self.norm is not None:
+            x_BTD = self.norm(x_BTD)
+            tap(f"{self.trace_name}.norm", x_BTD)
+        return x_BTD
 
 
 class Decoder(nn.Module):

@@ -8,11 +8,16 @@ tutorials' conclusion), and the registry of architectures a model directory may 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.nn.embeddings import Embeddings
+from aiayn.nn.kv_cache import KVCache, Memory
 from aiayn.nn.model import Encoder, Transformer, _ModelBase
+from aiayn.nn.tracing import tap
 from aiayn.runtime.kernels import Linear
 
 
@@ -64,7 +69,97 @@ class DecoderLM(_ModelBase):
     def forward(self, ids_BT: Tensor) -> Tensor:
         """Next-token logits (B, T, V) at every position; position t sees tokens 0..t only."""
         self.check_ids(ids_BT, "input")
-        return self.generator(self.decoder(self.embed(ids_BT), None, causal=True))
+        logits_BTV = self.generator(self.decoder(self.embed(ids_BT), None, causal=True))
+        tap("generator.logits", logits_BTV)
+        return logits_BTV
+
+    # --- the search's interface (aiayn.search.step.Decodable): a decoder with no memory ------
+    # The "source" of a search is the prompt: right-padded rows of BOS + prompt ids. `encode`
+    # only left-aligns them (every prompt ends at one column, so all rows take their next
+    # token at the same step); `init_cache` runs all but each prompt's last token through the
+    # stack into the KV cache (the prefill); the search's first step feeds that last token
+    # (`first_tokens`) and takes the logits after it.
+
+    def encode(self, prompt_BS: Tensor) -> Memory:
+        self.check_ids(prompt_BS, "prompt")
+        keep_BS = prompt_BS != self.cfg.pad_id
+        n_B = keep_BS.sum(1)
+        if bool((n_B == 0).any()):
+            raise ValueError("every prompt row needs at least one token (BOS)")
+        S = prompt_BS.size(1)
+        # Row b's tokens move to columns S - n_b .. S - 1 (left padding).
+        shift_BS = (torch.arange(S, device=prompt_BS.device) - (S - n_B)[:, None]) % S
+        ids_BS = prompt_BS.gather(1, shift_BS)
+        no_out_BS0 = keep_BS.new_zeros(*keep_BS.shape, 0, dtype=torch.float)  # nothing to attend
+        return PromptMemory(no_out_BS0, keep_BS, ids_BS, S - n_B)
+
+    def first_tokens(self, memory: Memory) -> Tensor:
+        """(B, 1): what each row's first search step feeds, its prompt's last token."""
+        assert isinstance(memory, PromptMemory)
+        return memory.ids_BS[:, -1:]
+
+    def output_room(self, memory: Memory) -> Tensor:
+        """(B,): output tokens each row can take before its positions run out (max_len)."""
+        return self.cfg.max_len - memory.keep_BS.sum(1)
+
+    def init_cache(self, memory: Memory, capacity: int) -> KVCache:
+        """A cache of the prompt's K/V (all but its last token) with room for `capacity` more."""
+        assert isinstance(memory, PromptMemory)
+        ids_BS, start_B = memory.ids_BS, memory.start_B
+        B, S = ids_BS.shape
+        H, K = self.cfg.n_heads, self.cfg.d_k
+        like = self.generator.weight
+        shape = (B, H, S - 1 + capacity, K)
+        dtype = torch.get_autocast_dtype(like.device.type) if torch.is_autocast_enabled() else None
+        k = [like.new_empty(shape, dtype=dtype) for _ in self.decoder.layers]
+        v = [like.new_empty(shape, dtype=dtype) for _ in self.decoder.layers]
+        cache = KVCache(k, v, [], [], 0, start_B=start_B)
+        if S > 1:
+            prefix_BT = ids_BS[:, :-1]
+            x_BTD = self.embed(prefix_BT, start=-start_B)  # padding: positions < 0, unseen
+            cols_T = torch.arange(S - 1, device=ids_BS.device)
+            # A padding column sees itself only (finite values, never NaN, that no real
+            # position sees); a real one, its row's columns (causality is the layer's).
+            keep_B1TC = (cols_T[None, None, None, :] >= start_B[:, None, None, None]) | (
+                torch.eye(S - 1, dtype=torch.bool, device=ids_BS.device)[None, None]
+            )
+            self.decoder.step(x_BTD, cache, keep_B1TC)
+            cache.length = S - 1
+        return cache
+
+    def decode_step(
+        self, tokens_BT: Tensor, memory: Memory, cache: KVCache
+    ) -> tuple[Tensor, KVCache]:
+        """Logits for the next token after feeding `tokens_BT` at cache.length (each row at its
+        own position: column - start_B)."""
+        start, T = cache.length, tokens_BT.size(1)
+        if cache.start_B is None:
+            pos: int | Tensor = start
+            keep_B1TC = None
+        else:
+            pos = start - cache.start_B
+            cols_C = torch.arange(start + T, device=tokens_BT.device)
+            keep_B1TC = (cols_C[None, :] >= cache.start_B[:, None])[:, None, None, :]
+        x_BTD = self.embed(tokens_BT, start=pos, most=start)
+        y_BTD = self.decoder.step(x_BTD, cache, keep_B1TC)
+        cache.length = start + T
+        return self.generator(y_BTD[:, -1]), cache
+
+
+@dataclass
+class PromptMemory(Memory):
+    """A decoder-only model's "memory": its prompts, left-aligned (`DecoderLM.encode`)."""
+
+    ids_BS: Tensor = field(default_factory=lambda: torch.empty(0, 0, dtype=torch.long))
+    start_B: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
+
+    def index_select(self, idx_B: Tensor) -> Memory:
+        return PromptMemory(
+            self.out_BSD,
+            self.keep_BS.index_select(0, idx_B),
+            self.ids_BS.index_select(0, idx_B),
+            self.start_B.index_select(0, idx_B),
+        )
 
 
 MODEL_CLASSES: dict[str, type[_ModelBase]] = {

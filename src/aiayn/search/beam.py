@@ -16,7 +16,14 @@ from aiayn.config import DecodeConfig, check_decode_config
 from aiayn.search.beam_candidates import TopK, ending_candidates
 from aiayn.search.hypothesis import Hypothesis, length_penalty
 from aiayn.search.slots import join_caches, join_memories, pad_cols
-from aiayn.search.step import Decodable, check_stop, encode_parts, forbid, output_limits
+from aiayn.search.step import (
+    Decodable,
+    check_stop,
+    encode_parts,
+    first_tokens,
+    forbid,
+    output_limits,
+)
 from aiayn.search.step_view import BeamState, OnStep, beam_view
 
 
@@ -79,12 +86,15 @@ class BeamSearch:
             self.cache = self.model.init_cache(memory, T)
             self.memory = memory.mask_only()  # a step with a filled cache reads only the mask
             self.tokens_rT = _bos_rows(device, b, T + 1, special.bos_id, special.pad_id)
+            self.tokens_rT[:, :1] = first_tokens(self.model, memory)  # BOS, or a prompt's end
             self.scores_bn = torch.zeros(b, 1, device=device)
             self.t_b = torch.zeros(b, dtype=torch.long, device=device)
             self.limit_b, self.sents, self.n = limit_b, ids, 1
             return ids
         if self.on_step is not None:
             raise ValueError("sentences can join a running beam search only unobserved")
+        if hasattr(self.model, "first_tokens"):  # its prompt's K/V fill the first columns
+            raise ValueError("a decoder-only model's prompts cannot join a running search")
         if self.n == 1:  # the running sentences have not fanned out yet
             self._reorder(torch.arange(len(self.sents), device=device).repeat_interleave(N))
             self.scores_bn = _first_beam(self.scores_bn[:, :1], N)

@@ -15,7 +15,7 @@ from aiayn.config import DecodeConfig, check_decode_config
 from aiayn.nn.kv_cache import Memory
 from aiayn.search.hypothesis import Hypothesis, length_penalty
 from aiayn.search.slots import SlotCache, join_memories, pad_cols
-from aiayn.search.step import Decodable, check_stop, forbid, output_limits
+from aiayn.search.step import Decodable, check_stop, first_tokens, forbid, output_limits
 from aiayn.search.step_view import OnStep, SingleRows, single_view
 
 # (log-probabilities (R, V), id of each live row (R,), each row's step (R,))
@@ -78,6 +78,9 @@ class RowSearch:
         model, special = self.model, self.model.cfg
         if self.live and (self.on_step is not None or not self.use_cache):
             raise ValueError("rows can join a running search only with the cache, unobserved")
+        if hasattr(model, "first_tokens") and self.use_cache and (self.live or len(parts) > 1):
+            # a prompt's K/V fill the columns before the first step: prompts start together
+            raise ValueError("a decoder-only model's prompts cannot join a running search")
         memories = [model.encode(src_BS) for src_BS in parts]
         limit_b = torch.cat([output_limits(model, m, self.cfg) for m in memories])
         device, b = limit_b.device, len(limit_b)
@@ -87,12 +90,13 @@ class RowSearch:
             "limit_r": limit_b,
             "t_r": torch.zeros(b, dtype=torch.long, device=device),
             "log_prob_r": torch.zeros(b, dtype=torch.float64, device=device),
-            "tok_r1": torch.full((b, 1), special.bos_id, device=device),
+            "tok_r1": torch.cat([first_tokens(model, m) for m in memories]),
         }
+        state["first_r1"] = state["tok_r1"]
         T = int(limit_b.max())
         joining = memories
         if not self.use_cache:
-            self.memory = join_memories(*memories)
+            self.memory = memories[0] if len(memories) == 1 else join_memories(*memories)
             joining = []
         elif self.live == 0:  # a fresh batch: the paper's search, every row at step 0
             self.slots = SlotCache.of(model.init_cache(memories[0], T), memories[0].keep_BS)
@@ -128,7 +132,8 @@ class RowSearch:
     limit_r: Tensor  # its output-length limit
     t_r: Tensor  # its step: tokens it has so far
     log_prob_r: Tensor  # float64
-    tok_r1: Tensor  # its last token (BOS before its first step)
+    tok_r1: Tensor  # its last token (before its first step: `first_tokens`, e.g. BOS)
+    first_r1: Tensor  # what its first step fed
     out_rT: Tensor  # its tokens (PAD beyond t_r)
 
     def step(self) -> list[tuple[int, Hypothesis]]:
@@ -145,8 +150,7 @@ class RowSearch:
             self.slots.advance()
         else:  # recompute the whole prefix (the benchmark's and tests' reference)
             assert self.memory is not None
-            bos_r1 = self.tok_r1.new_full((self.live, 1), special.bos_id)
-            prefix_rt = torch.cat([bos_r1, self.out_rT[:, :t]], 1)
+            prefix_rt = torch.cat([self.first_r1, self.out_rT[:, :t]], 1)
             fresh = model.init_cache(self.memory, t + 1)
             logits_rV, _ = model.decode_step(prefix_rt, self.memory, fresh)
         lp_rV = logits_rV.float().log_softmax(-1)  # one fused pass (cheaper than logsumexp)
@@ -197,7 +201,7 @@ class RowSearch:
             gone = set(dead)
             order = [r for r in range(self.live + len(dead)) if r not in gone]
         keep_r = torch.tensor(order, device=self.ids_r.device)
-        for name in ("ids_r", "limit_r", "t_r", "log_prob_r", "tok_r1", "out_rT"):
+        for name in ("ids_r", "limit_r", "t_r", "log_prob_r", "tok_r1", "first_r1", "out_rT"):
             setattr(self, name, getattr(self, name)[keep_r])
         if self.memory is not None:
             self.memory = self.memory.index_select(keep_r)

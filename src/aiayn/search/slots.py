@@ -124,8 +124,12 @@ class SlotCache:
     def of(cls, cache: KVCache, keep_BS: Tensor) -> SlotCache:
         """A fresh batch's cache (`init_cache`, every row at column 0) as slots, uncopied."""
         B = keep_BS.size(0)
-        cache.start_B = torch.zeros(B, dtype=torch.long, device=keep_BS.device)
-        return cls(cache, keep_BS, B, [0] * B)
+        if cache.start_B is None:
+            cache.start_B = torch.zeros(B, dtype=torch.long, device=keep_BS.device)
+            return cls(cache, keep_BS, B, [0] * B)
+        # left-padded rows (a decoder-only model's prompts): each from its own column
+        starts = cache.start_B.tolist()
+        return cls(cache, keep_BS, B, starts, joined=any(starts))
 
     @property
     def first(self) -> int:

@@ -61,7 +61,19 @@ def encode_parts(model: Decodable, parts: Sequence[Tensor]) -> Memory:
 
 def output_limits(model: Decodable, memory: Memory, cfg: DecodeConfig) -> Tensor:
     src_len_B, cap = memory.keep_BS.sum(1), output_cap(cfg, model.cfg.max_len)
-    return max_output_lengths(src_len_B, cfg.max_len_a, cfg.max_len_b, cap)
+    limit_B = max_output_lengths(src_len_B, cfg.max_len_a, cfg.max_len_b, cap)
+    room = getattr(model, "output_room", None)  # a decoder-only model's prompt takes positions
+    return limit_B if room is None else torch.minimum(limit_B, room(memory).clamp(min=1))
+
+
+def first_tokens(model: Decodable, memory: Memory) -> Tensor:
+    """(B, 1): what each row's first step feeds: BOS, or (a decoder-only model, whose "source"
+    is its prompt) the prompt's last token (`DecoderLM.first_tokens`)."""
+    own = getattr(model, "first_tokens", None)
+    if own is not None:
+        return own(memory)  # type: ignore[no-any-return]
+    keep_BS = memory.keep_BS
+    return torch.full((keep_BS.size(0), 1), model.cfg.bos_id, device=keep_BS.device)
 
 
 class SearchStoppedError(AiaynError):

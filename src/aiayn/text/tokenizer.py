@@ -32,7 +32,7 @@ from aiayn.errors import CheckpointError, DataError
 TOKENIZER_FILE = "tokenizer.model"  # a JointTokenizer
 # A MarianTokenizer: the names Hugging Face's MarianTokenizer uses.
 MARIAN_FILES = ("source.spm", "target.spm", "vocab.json")
-TOKENIZER_FILES = (TOKENIZER_FILE, *MARIAN_FILES)  # every file a tokenizer may save
+TOKENIZER_FILES = (TOKENIZER_FILE, *MARIAN_FILES, "charset.json")  # every file a tokenizer may save
 
 Side = Literal["source", "target"]
 SIDES: tuple[Side, Side] = ("source", "target")
@@ -72,6 +72,10 @@ class Tokenizer(ABC):
         """From a model directory (its `tokenizer.model`, or Marian's `source.spm`,
         `target.spm` and `vocab.json`) or a `.model` file."""
         path = Path(path)
+        if path.is_dir() and (path / "charset.json").is_file():  # a language model's
+            from aiayn.text.charset import CHARSET_FILE, _Charset
+
+            return _Charset.load_file(path / CHARSET_FILE)
         if path.is_dir() and not (path / TOKENIZER_FILE).exists():
             if any((path / name).exists() for name in MARIAN_FILES):
                 return MarianTokenizer.load_dir(path)
