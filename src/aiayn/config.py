@@ -42,8 +42,13 @@ class ModelConfig:
     layer_norm_eps: float = 1e-5
     share_embeddings: bool = True  # one embedding matrix for source and target (§3.4)
     tie_output: bool = True  # the pre-softmax projection reuses the target embedding (§3.4)
-    # Where other toolkits differ from the paper (aiayn import marian needs all three):
-    activation: Literal["relu", "swish"] = "relu"  # the FFN's: max(0, .) in §3.3; Marian: swish
+    # Where other toolkits differ from the paper (aiayn import marian and gpt2 need them):
+    # the FFN's: max(0, .) in §3.3; Marian: swish; BERT: "gelu" (exact, erf); GPT-2:
+    # "gelu_tanh" (the tanh approximation, Hugging Face's "gelu_new")
+    activation: Literal["relu", "swish", "gelu", "gelu_tanh"] = "relu"
+    # token embeddings x sqrt(d_model) before the positions are added (§3.4); GPT-2 and BERT
+    # add them unscaled (False)
+    scale_embeddings: bool = True
     # "interleaved": sin/cos alternate as in §3.5; "halves": all sines, then all cosines
     # (tensor2tensor, Marian, fairseq). The same function either way, its dimensions permuted.
     positional_layout: Literal["interleaved", "halves"] = "interleaved"
@@ -74,8 +79,8 @@ class ModelConfig:
                 f"positional={self.positional!r}: choose 'sinusoidal' or 'learned'",
             ),
             (
-                self.activation in ("relu", "swish"),
-                f"activation={self.activation!r}: choose 'relu' or 'swish'",
+                self.activation in ("relu", "swish", "gelu", "gelu_tanh"),
+                f"activation={self.activation!r}: choose 'relu', 'swish', 'gelu' or 'gelu_tanh'",
             ),
             (
                 self.init in ("xavier", "normal"),

@@ -52,12 +52,14 @@ def sinusoidal_positions(
 
 
 class Embeddings(nn.Module):
-    """Token embedding x sqrt(d_model) + positional encoding, then dropout (§3.4, §3.5, §5.4)."""
+    """Token embedding x sqrt(d_model) + positional encoding, then dropout (§3.4, §3.5, §5.4).
+
+    `cfg.scale_embeddings=False` adds the token embeddings unscaled (GPT-2, BERT)."""
 
     def __init__(self, cfg: ModelConfig, tokens: nn.Embedding) -> None:
         super().__init__()
         self.tokens = tokens  # may be shared with the other side and the output layer
-        self.scale = math.sqrt(cfg.d_model)
+        self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
         self.max_len = cfg.max_len
         self.learned: nn.Embedding | None = None
         if cfg.positional == "learned":
@@ -91,7 +93,9 @@ class Embeddings(nn.Module):
     def forward(self, ids_BT: Tensor, start: int | Tensor = 0, most: int | None = None) -> Tensor:
         """`start`: the first position, for every row (an int) or per row (a (B,) tensor, whose
         values are at most `most`, if given)."""
-        tok_BTD = self.tokens(ids_BT) * self.scale
+        tok_BTD = self.tokens(ids_BT)
+        if self.scale != 1.0:  # x 1.0 would cost a copy of the (B, T, D) embeddings
+            tok_BTD = tok_BTD * self.scale
         T = ids_BT.size(1)
         if isinstance(start, Tensor):
             last = None if most is None else most + T - 1

@@ -77,14 +77,37 @@ def padded_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return F.linear(padded_PD, weight, bias)[:rows].reshape(*x.shape[:-1], weight.size(0))
 
 
-# The activations a Linear can fuse, by oneDNN's names: ReLU is the paper's FFN (§3.3), swish
-# (SiLU, x * sigmoid(x)) is what Marian's OPUS-MT models use.
-Activation = Literal["none", "relu", "swish"]
+# The activations a Linear applies: ReLU is the paper's FFN (§3.3), swish (SiLU,
+# x * sigmoid(x)) is what Marian's OPUS-MT models use, GELU BERT's (exact, with erf) and GPT-2's
+# (its tanh approximation, "gelu_tanh").
+Activation = Literal["none", "relu", "swish", "gelu", "gelu_tanh"]
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "none": lambda x: x,
     "relu": F.relu,
     "swish": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),
 }
+# The same, fused into the prepacked oneDNN product: its (attribute, algorithm) arguments.
+ONEDNN_ACTIVATIONS: dict[str, tuple[str, str]] = {
+    "none": ("none", ""),
+    "relu": ("relu", ""),
+    "swish": ("swish", ""),
+    "gelu": ("gelu", "none"),
+    "gelu_tanh": ("gelu", "tanh"),
+}
+# Those torch computes with the same bits wherever an element sits in a call, so the plain
+# path may apply them after `padded_linear`. Torch's SiLU and tanh-GELU compute a call's last
+# few elements (its length mod the vector width) by a scalar path with other bits (tanh-GELU:
+# 70 of 142 three-row slices of a (1000, 257) tensor differed from the whole call's rows), so
+# a row's bits would depend on where the call ends: they stay fused in oneDNN, exact anywhere.
+EXACT_ANYWHERE = ("none", "relu")
+
+
+def _pointwise(x: Tensor, packed: Tensor, bias: Tensor | None, activation: str) -> Tensor:
+    """The prepacked oneDNN product with `activation` fused into it."""
+    attr, algorithm = ONEDNN_ACTIVATIONS[activation]
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, attr, [], algorithm)
 
 
 class _Plan(NamedTuple):
@@ -124,9 +147,7 @@ class Linear(nn.Linear):
             plan = self._plans.get((rows, activation, torch.get_num_threads()))
             if plan is not None and plan.stamp == self._stamp(plan.packed):
                 if plan.packed:
-                    return torch.ops.mkldnn._linear_pointwise(
-                        x, plan.weight, plan.bias, activation, [], ""
-                    )
+                    return _pointwise(x, plan.weight, plan.bias, activation)
                 return ACTIVATIONS[activation](padded_linear(x, plan.weight, plan.bias))
         start, end = rows if rows is not None else (0, self.out_features)
         weight = self.weight if rows is None else self.weight[start:end]
@@ -138,17 +159,15 @@ class Linear(nn.Linear):
             and x.dtype == torch.float32 == weight.dtype
             and not weight.is_inference()  # no version counter: changes could not be seen
         ):
-            # Swish stays fused in oneDNN: torch's own SiLU computes a call's last few elements
-            # (its length mod 2 vectors) by a scalar path with other bits, so a row's bits would
-            # depend on where the call ends; ReLU is exact anywhere.
+            # Swish and GELU stay fused in oneDNN (EXACT_ANYWHERE above); ReLU is exact anywhere.
             key = (rows, activation, torch.get_num_threads())
             kept_bias = None if bias is None else bias.detach()
-            if activation != "swish" and self._plain(start, end):
+            if activation in EXACT_ANYWHERE and self._plain(start, end):
                 self._plans[key] = _Plan(self._stamp(False), False, weight.detach(), kept_bias)
                 return ACTIVATIONS[activation](padded_linear(x, weight, bias))
             packed = self._packed_weight(start, end, weight)
             self._plans[key] = _Plan(self._stamp(True), True, packed, kept_bias)
-            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, activation, [], "")
+            return _pointwise(x, packed, bias, activation)
         return ACTIVATIONS[activation](F.linear(x, weight, bias))
 
     def _stamp(self, packed: bool) -> tuple[int, int, int]:
