@@ -1,0 +1,1 @@
+"""A decoder-only language model at work: generation (`Generator`) and scoring text."""
