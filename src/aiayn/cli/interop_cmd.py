@@ -16,13 +16,26 @@ def add_import(sub: argparse._SubParsersAction) -> None:
         "vocab.json) into a new aiayn model directory that translate, evaluate, explain, "
         "attend, average and train (train.init_from) accept. Nothing is downloaded.",
     )
-    m.add_argument("hf_dir", type=Path, metavar="HF_DIR", help="the Hugging Face directory")
-    m.add_argument(
-        "--out", type=Path, required=True, help="new model directory (must not exist or be empty)"
+    g = import_sub.add_parser(
+        "gpt2",
+        help="a local Hugging Face GPT-2 directory, as a decoder-only LM (docs/import.md)",
+        description="Convert HF_DIR (config.json, model.safetensors, and tokenizer.json or "
+        "vocab.json + merges.txt) into a new aiayn model directory holding a DecoderLM. "
+        "Nothing is downloaded.",
     )
+    for q in (m, g):
+        q.add_argument("hf_dir", type=Path, metavar="HF_DIR", help="the Hugging Face directory")
+        q.add_argument(
+            "--out",
+            type=Path,
+            required=True,
+            help="new model directory (must not exist or be empty)",
+        )
 
 
 def run_import(args: argparse.Namespace) -> int:
+    if args.import_command == "gpt2":
+        return _run_import_gpt2(args)
     from aiayn.interop.marian import import_marian
 
     done = import_marian(args.hf_dir, args.out)
@@ -33,6 +46,20 @@ def run_import(args: argparse.Namespace) -> int:
         f"{cfg.n_layers}+{cfg.n_layers} layers, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
         f"vocabulary {cfg.vocab_size}, {cfg.activation} FFN; search: beam {dec.beam_size}, "
         f"alpha {dec.alpha:g} ({dec.length_penalty} length penalty)"
+    )
+    return 0
+
+
+def _run_import_gpt2(args: argparse.Namespace) -> int:
+    from aiayn.interop.gpt2 import import_gpt2
+
+    done = import_gpt2(args.hf_dir, args.out)
+    cfg = done.model
+    tokens = "byte-level BPE tokenizer" if done.tokenizer else "no tokenizer: token ids only"
+    print(
+        f"imported {args.hf_dir} (GPT-2) into {done.out}: DecoderLM, d_model {cfg.d_model}, "
+        f"{cfg.n_layers} layers, {cfg.n_heads} heads, d_ff {cfg.d_ff}, vocabulary "
+        f"{cfg.vocab_size}, {cfg.max_len} positions, {cfg.activation} FFN; {tokens}"
     )
     return 0
 

@@ -32,7 +32,13 @@ from aiayn.errors import CheckpointError, DataError
 TOKENIZER_FILE = "tokenizer.model"  # a JointTokenizer
 # A MarianTokenizer: the names Hugging Face's MarianTokenizer uses.
 MARIAN_FILES = ("source.spm", "target.spm", "vocab.json")
-TOKENIZER_FILES = (TOKENIZER_FILE, *MARIAN_FILES, "charset.json")  # every file a tokenizer may save
+HF_TOKENIZER_FILE = "hf_tokenizer.json"  # an HFTokenizer (text/hf_tokenizer.py: GPT-2's BPE)
+TOKENIZER_FILES = (  # every file a tokenizer may save
+    TOKENIZER_FILE,
+    *MARIAN_FILES,
+    "charset.json",
+    HF_TOKENIZER_FILE,
+)
 
 Side = Literal["source", "target"]
 SIDES: tuple[Side, Side] = ("source", "target")
@@ -76,6 +82,12 @@ class Tokenizer(ABC):
             from aiayn.text.charset import CHARSET_FILE, _Charset
 
             return _Charset.load_file(path / CHARSET_FILE)
+        if path.is_dir() and (path / HF_TOKENIZER_FILE).is_file():  # aiayn import gpt2's
+            import importlib  # by name: hf_tokenizer imports this module (no import cycle)
+
+            hf = importlib.import_module("aiayn.text.hf_tokenizer")
+            loaded: Tokenizer = hf.HFTokenizer.load_file(path / HF_TOKENIZER_FILE)
+            return loaded
         if path.is_dir() and not (path / TOKENIZER_FILE).exists():
             if any((path / name).exists() for name in MARIAN_FILES):
                 return MarianTokenizer.load_dir(path)
