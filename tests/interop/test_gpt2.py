@@ -167,6 +167,34 @@ def test_without_a_tokenizer_the_model_imports_alone(tmp_path: Path, caplog) -> 
         Tokenizer.load(tmp_path / "out")
 
 
+def test_gpt2model_names_and_saved_buffers(gpt2_dir: Path, tmp_path: Path) -> None:
+    """The hub's gpt2 file is GPT2Model's (no "transformer." prefix) with the causal-mask
+    buffers saved (h.N.attn.bias); a file may also hold the tied lm_head.weight."""
+    from safetensors.torch import load_file, save_file
+
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    for f in gpt2_dir.iterdir():
+        (hf_dir / f.name).write_bytes(f.read_bytes())
+    tensors = {
+        k.removeprefix("transformer."): v
+        for k, v in load_file(hf_dir / "model.safetensors").items()
+    }
+    tensors["lm_head.weight"] = tensors["wte.weight"].clone()
+    for i in range(2):
+        tensors[f"h.{i}.attn.bias"] = torch.tril(torch.ones(64, 64))[None, None]
+    save_file(tensors, hf_dir / "model.safetensors")
+    import_gpt2(hf_dir, tmp_path / "out")
+    ids = torch.randint(300, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        got = load_model_dir(tmp_path / "out")(ids)
+    assert (got - hf_logits(gpt2_dir, ids)).abs().max().item() < 1e-4
+    tensors["lm_head.weight"] += 1.0  # untied: refused
+    save_file(tensors, hf_dir / "model.safetensors")
+    with pytest.raises(CheckpointError, match="lm_head.weight differs"):
+        import_gpt2(hf_dir, tmp_path / "out2")
+
+
 def test_python_dash_m_aiayn(gpt2_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "via-main"
     run = subprocess.run(
