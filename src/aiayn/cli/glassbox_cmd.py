@@ -31,6 +31,16 @@ def add_explain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("sentence", nargs="?", help="the source sentence to translate and explain")
     p.add_argument("--model", type=Path, help="a model directory")
     p.add_argument(
+        "--prompt",
+        help="a language model's prompt (a DecoderLM directory; '' = BOS alone): its forward "
+        "pass, next-token distribution and --max-len generation steps (default 8)",
+    )
+    p.add_argument("--json", action="store_true", help="the same as --format json")
+    p.add_argument("--html", type=Path, metavar="OUT", help="--format html --out OUT")
+    p.add_argument(
+        "--greedy", action="store_true", help="a language model: trace greedy, not sampling"
+    )
+    p.add_argument(
         "--seed-example",
         action="store_true",
         help="replay the tutorials' worked example (docs/worked_example.md); no model needed",
@@ -82,6 +92,9 @@ def run_explain(args: argparse.Namespace) -> int:
     from aiayn.glassbox.seed_example import seed_example_json, seed_example_text
     from aiayn.nn.tracing import TraceTooLargeError
 
+    if args.json or args.html:
+        args.format = "html" if args.html else "json"
+        args.out = args.html or args.out
     if args.seed_example:
         if args.format == "html":
             raise AiaynError(
@@ -90,7 +103,14 @@ def run_explain(args: argparse.Namespace) -> int:
         report = seed_example_text()
         if args.format == "json":
             report = json.dumps(seed_example_json(), ensure_ascii=False, allow_nan=False) + "\n"
+    elif args.model is not None and _architecture(args.model) == "DecoderLM":
+        report = _explain_lm(args)
     else:
+        if args.prompt is not None:
+            raise AiaynError(
+                "--prompt is for a language model (a DecoderLM directory); a translator "
+                "explains a sentence: aiayn explain --model DIR 'sentence'"
+            )
         if args.model is None or args.sentence is None:
             raise AiaynError("give --model DIR and a sentence (or --seed-example)")
         if not args.sentence.strip():  # said before the model is loaded
@@ -143,6 +163,56 @@ def run_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _architecture(model_dir: Path) -> str:
+    """The architecture a model directory holds ("" for an export or an old directory)."""
+    from aiayn.store.directory import ModelDir, is_export_dir
+
+    if is_export_dir(model_dir):
+        return ""
+    return ModelDir.open(model_dir).architecture
+
+
+def _explain_lm(args: argparse.Namespace) -> str:
+    """`aiayn explain --model LM --prompt TEXT`: aiayn.glassbox.explain_lm, rendered."""
+    from aiayn.glassbox.explain_report import explain_lm_report
+    from aiayn.glassbox.render import View, parse_indices
+    from aiayn.nn.tracing import TraceTooLargeError
+
+    if args.prompt is not None and args.sentence is not None:
+        raise AiaynError("give the prompt once: --prompt TEXT or a positional argument")
+    prompt = args.prompt if args.prompt is not None else args.sentence
+    if prompt is None:
+        raise AiaynError("a language model explains a prompt: give --prompt TEXT ('' = BOS)")
+    if args.beam:
+        raise AiaynError("--beam traces a translator's beam search; a language model's is not")
+    if args.sample and args.greedy:
+        raise AiaynError("--sample and --greedy: choose one")
+    layers, heads = parse_indices(args.layers), parse_indices(args.heads)
+    view = View(layers, heads, None, args.dims, args.precision)
+    overrides = given_search_settings(args, _EXPLAIN_SEARCH_FLAGS)
+    if args.greedy:
+        overrides["sample"] = False
+    if not 1 <= args.max_trace_numbers <= MAX_FLAG:
+        raise AiaynError(f"--max-trace-numbers must be in [1, {MAX_FLAG:,}]")
+    try:
+        return explain_lm_report(
+            str(args.model),
+            prompt,
+            fmt=args.format,
+            view=view,
+            top_k=args.top_k,
+            max_len=args.max_len,
+            device=args.device,
+            overrides=overrides,
+            max_numel=args.max_trace_numbers,
+        )
+    except TraceTooLargeError:
+        raise AiaynError(
+            f"the trace would hold more than {args.max_trace_numbers:,} numbers: show less "
+            "with --layers or --heads, shorten the prompt, or raise --max-trace-numbers"
+        ) from None
+
+
 def add_attend(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "attend", help="attention heatmaps (PNG) and an interactive page (HTML) for translations"
@@ -150,7 +220,17 @@ def add_attend(sub: argparse._SubParsersAction) -> None:
     p.add_argument("sentences", nargs="*", help="source sentences (or --input)")
     p.add_argument("--model", type=Path, required=True, help="a model directory")
     p.add_argument("--input", type=Path, help="a UTF-8 file, one source sentence per line")
-    p.add_argument("--out", type=Path, required=True, help="directory for the PNGs and HTML")
+    p.add_argument(
+        "--prompt",
+        help="a language model's prompt: draw its causal self-attention (every layer and "
+        "head) into the image --out names",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="directory for the PNGs and HTML (--prompt: an image file, e.g. attn.png)",
+    )
     p.add_argument("--max-len", type=int, help="most output tokens (default source length + 50)")
     add_device_flag(p)
 
@@ -169,6 +249,8 @@ def run_attend(args: argparse.Namespace) -> int:
     from aiayn.text.corpus import read_lines
     from aiayn.text.tokenizer import Tokenizer
 
+    if args.prompt is not None:
+        return _attend_lm(args)
     # --out must be (or become) a directory: say so now, not after the model has run.
     existing = next(p for p in (args.out, *args.out.parents) if p.exists())
     if existing == args.out and not existing.is_dir():
@@ -201,6 +283,29 @@ def run_attend(args: argparse.Namespace) -> int:
             f"cannot write into --out {args.out}: {e.strerror}: {e.filename}"
         ) from None
     print(f"interactive view: {args.out / 'attention.html'}")
+    return 0
+
+
+def _attend_lm(args: argparse.Namespace) -> int:
+    """`aiayn attend --model LM --prompt TEXT --out attn.png`: one grid of the causal maps."""
+    from aiayn.glassbox.viz import figure_format, lm_attention_figure, write_figure
+    from aiayn.nn.variants import DecoderLM
+    from aiayn.runtime.device import resolve_device
+    from aiayn.store.directory import ModelDir
+
+    figure_format(args.out)  # a bad --out is said before the model runs
+    if args.sentences or args.input:
+        raise AiaynError("--prompt draws one prompt: give no sentences or --input with it")
+    refuse_export_dir(args.model, "attend")
+    opened = ModelDir.open(args.model)
+    if opened.architecture != "DecoderLM":
+        raise AiaynError(
+            f"--prompt is for a language model (a DecoderLM); {args.model} holds a "
+            f"{opened.architecture or 'Transformer'}: give sentences and an --out directory"
+        )
+    model = opened.load_model(DecoderLM, resolve_device(args.device))
+    write_figure(lm_attention_figure(model, opened.tokenizer, args.prompt), args.out, dpi=110)
+    print(f"wrote {args.out}")
     return 0
 
 

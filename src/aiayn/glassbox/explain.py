@@ -35,7 +35,7 @@ from aiayn.glassbox.explanation import (
     StepChoice,
     stable_name,
 )
-from aiayn.nn.model import Transformer
+from aiayn.nn.model import Transformer, _ModelBase
 from aiayn.nn.tracing import Trace, TraceTooLargeError, tracing
 from aiayn.search.decode import beam_search, greedy_search, sample_search
 from aiayn.search.limits import max_output_lengths, output_cap
@@ -348,7 +348,7 @@ def trace_beam(
     return out
 
 
-def _config_summary(model: Transformer) -> dict[str, object]:
+def _config_summary(model: _ModelBase) -> dict[str, object]:
     cfg = model.cfg
     return {
         "d_model": cfg.d_model,

@@ -114,3 +114,55 @@ def explain_report(
     )
     render = {"text": to_text, "json": to_json_text, "html": to_html}[fmt]
     return render(trace, view)
+
+
+def lm_settings(opened: ModelDir, overrides: dict[str, object] | None) -> DecodeConfig:
+    """A language model's search settings, as `aiayn generate` takes them (the directory's
+    saved `[decode]` table, else `LM_DEFAULTS`), with `overrides` replaced; checked."""
+    from aiayn.generate.generator import LM_DEFAULTS
+
+    saved = opened.decode if (opened.path / "run_config.json").is_file() else LM_DEFAULTS
+    fields = {**(overrides or {}), "beam_size": 1, "nbest": 1}
+    cfg = dataclasses.replace(saved, **fields)  # type: ignore[arg-type]
+    check_decode_config(cfg)
+    return cfg
+
+
+def explain_lm_report(
+    model_dir: str,
+    prompt: str,
+    *,
+    fmt: str = "text",
+    view: View | None = None,
+    top_k: int = 5,
+    max_len: int | None = None,
+    device: str = "auto",
+    overrides: dict[str, object] | None = None,
+    max_numel: int | None = None,
+) -> str:
+    """What `aiayn explain` prints for a language model (a DecoderLM directory): its forward
+    pass over BOS + `prompt`, the next-token distribution, and `max_len` generation steps
+    (aiayn.glassbox.explain_lm), rendered as `fmt`."""
+    from aiayn.glassbox.explain_lm import explain_lm
+    from aiayn.nn.variants import DecoderLM
+
+    where = resolve_device(device)
+    opened = ModelDir.open(model_dir)
+    cfg = lm_settings(opened, overrides)  # bad settings fail before the load
+    if top_k < 1:
+        raise AiaynError(f"--top-k must be at least 1, got {top_k}")
+    if max_len is not None and max_len < 0:
+        raise AiaynError(f"--max-len must be >= 0 (generation steps), got {max_len}")
+    model = opened.load_model(DecoderLM, where)
+    trace = explain_lm(
+        model,
+        opened.tokenizer,
+        prompt,
+        cfg=cfg,
+        top_k=top_k,
+        max_len=max_len,
+        want=view.shows if view else None,
+        max_numel=max_numel,
+    )
+    render = {"text": to_text, "json": to_json_text, "html": to_html}[fmt]
+    return render(trace, view)

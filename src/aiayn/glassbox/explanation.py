@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
+from aiayn.glassbox.distribution import NextTokenDistribution
 from aiayn.search.hypothesis import Hypothesis
 
 # One line per leaf name: what the tensor is, in the paper's terms.
@@ -49,6 +50,9 @@ DESCRIPTIONS: dict[str, str] = {
     "ffn.output": "hidden W_2 + b_2: FFN output",
     "logits": "decoder output x the (tied) embedding matrix: pre-softmax scores (§3.4)",
     "probs": "softmax(logits): the next-token distribution",
+    "norm": "the final LayerNorm of a pre-LN stack (GPT-2's ln_f)",
+    "next.logits": "the last position's logits: scores of the token after the prompt",
+    "next.probs": "softmax of the last position's logits: the next-token distribution",
 }
 PER_HEAD = ("q", "k", "v", "scores", "scores_scaled", "scores_masked", "weights", "heads")
 # step{t}. decoder|encoder . {l}|embed . [self_attn|cross_attn . [head{h} .]] leaf
@@ -155,6 +159,10 @@ class Explanation:
     search: str = "greedy"  # "greedy" | "sample": the search that was traced
     hypothesis: Hypothesis | None = None  # what that search returned (tokens, log_prob, score)
     beam: BeamTrace | None = None  # when asked for (`trace_beam`)
+    # "translation" (a Transformer: source, search) | "lm" (a DecoderLM: `source` is the
+    # prompt, `src_*` BOS + its ids, `translation` the continuation; aiayn.glassbox.explain_lm)
+    kind: str = "translation"
+    distribution: NextTokenDistribution | None = None  # an LM's next token after the prompt
 
     def __getitem__(self, name: str) -> Tensor:
         try:
@@ -174,6 +182,8 @@ class Explanation:
 
 def describe(name: str) -> str:
     """The one-line description of a stable name (empty when unknown)."""
+    if name in DESCRIPTIONS:  # next.logits, next.probs
+        return DESCRIPTIONS[name]
     m = NAME_RE.match(name)
     leaf = m.group("leaf") if m else name.rsplit(".", 1)[-1]
     if m and m.group("layer") == "embed":

@@ -12,14 +12,11 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from aiayn.errors import AiaynError
 from aiayn.glassbox.explanation import NAME_RE, BeamTrace, Entry, Explanation
 from aiayn.search.hypothesis import LENGTH_PENALTY_FORMULAS
 
-if TYPE_CHECKING:
-    pass
 MAX_INDICES = 10_000  # more layers, heads or steps than any model has
 HEAD_LEAVES = ("q", "k", "v", "scores", "scores_scaled", "scores_masked", "weights", "output")
 SEARCH_NAME = {"greedy": "greedy translation", "sample": "sampled translation"}
@@ -184,6 +181,10 @@ def top_k_lines(trace: Explanation, t: int) -> list[str]:
 
 def to_text(trace: Explanation, view: View | None = None) -> str:
     """The trace as plain-text tables, in the order the model computes them."""
+    if trace.kind == "lm":  # a language model's (aiayn.glassbox.explain_lm)
+        from aiayn.glassbox.render_lm import lm_to_text
+
+        return lm_to_text(trace, view)
     view = view or View()
     view.check(trace)
     c = trace.config
@@ -267,6 +268,10 @@ def _jsonable(rows: list) -> list:
 
 def to_json(trace: Explanation, view: View | None = None) -> dict:
     """The trace as a JSON-ready dict (all dims of the chosen layers/heads/steps)."""
+    if trace.kind == "lm":
+        from aiayn.glassbox.render_lm import lm_to_json
+
+        return lm_to_json(trace, view)
     view = view or View()
     view.check(trace)
     tensors = []

@@ -294,6 +294,17 @@ def plot_attention_average(ex: AttentionExample, title: str) -> Figure:
     return fig
 
 
+def lm_attention_figure(model: DecoderLM, tok: Tokenizer, prompt: str) -> Figure:
+    """A language model's causal self-attention over BOS + `prompt`: one heatmap per layer
+    and head (the upper triangle is 0: position t sees 0..t), and each layer's head mean."""
+    from aiayn.glassbox.explain_lm import lm_attention
+
+    maps, pieces = lm_attention(model, tok, prompt)
+    _check_numbers([model.cfg.n_layers * model.cfg.n_heads * len(pieces) ** 2])
+    title = f"{KINDS['lm_self']} (position t sees 0..t)\nprompt: {prompt!r}"
+    return plot_attention_grid(maps, pieces, pieces, title, AXES["lm_self"])
+
+
 def attention_figures(ex: AttentionExample) -> dict[str, Figure]:
     """File name -> figure: enc_self.png, dec_self.png, cross.png (grids) and average.png."""
     src = " ".join(ex.src)
