@@ -131,10 +131,22 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
 class TrainConfig:
     """The training recipe (§5). Defaults are the paper's where it gives one."""
 
+    # "translate": the encoder-decoder on sentence pairs (src/tgt); "lm": a decoder-only language
+    # model on text (train.text), trained on contiguous blocks of model.max_len tokens
+    task: Literal["translate", "lm"] = "translate"
     src: str = ""  # training source file (or a TSV with both sides when tgt is empty)
     tgt: str = ""
     valid_src: str = ""
     valid_tgt: str = ""
+    # lm: the training text (a file, a folder of *.txt, or comma-separated files), and its
+    # validation text; without one the last valid_share of the training text is held out
+    text: str = ""
+    valid_text: str = ""
+    valid_share: float = 0.1
+    # lm: the vocabulary: "char" (one id per character, nanoGPT's shakespeare_char), "byte"
+    # (UTF-8 bytes) or "bpe" (SentencePiece, train.vocab_size pieces); translate: always bpe
+    tokenizer: Literal["bpe", "char", "byte"] = "bpe"
+    batch_size: int = 0  # lm: blocks a batch; 0 = max_tokens // model.max_len
     out_dir: str = "runs/model"
     # continued training: start from this model directory's weights, tokenizer and whole
     # [model] architecture (e.g. an `aiayn import marian` one), with a fresh optimizer
@@ -188,6 +200,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile
     threads: int = 0  # torch threads; 0 = leave torch's default
     log_every: int = 50  # steps between training records (fewer on a short fitted budget)
+    tensorboard: bool = False  # also write the curves as TensorBoard event files (out_dir/tb)
 
 
 @dataclass(frozen=True)
@@ -279,6 +292,7 @@ def check_recipe(tc: TrainConfig) -> None:
         if not ok:
             raise ConfigError(f"train.{message}")
     check_threads(tc.threads, "train.threads")  # the bound set_threads applies
+    _check_task(tc)
     if tc.accum_steps < 1 or tc.max_tokens < 1:
         raise ConfigError("train.accum_steps and train.max_tokens must be at least 1")
     if tc.best_metric == "bleu" and tc.bleu_samples < 1:
@@ -300,6 +314,27 @@ def check_recipe(tc: TrainConfig) -> None:
         raise ConfigError(
             f"train.average_last={tc.average_last} exceeds train.keep_last={tc.keep_last}: "
             "the averaged checkpoints must all be kept"
+        )
+
+
+def _check_task(tc: TrainConfig) -> None:
+    if tc.task not in ("translate", "lm"):
+        raise ConfigError(f"train.task={tc.task!r}: choose 'translate' or 'lm'")
+    if tc.tokenizer not in ("bpe", "char", "byte"):
+        raise ConfigError(f"train.tokenizer={tc.tokenizer!r}: choose 'bpe', 'char' or 'byte'")
+    if tc.task == "translate" and (tc.text or tc.valid_text):
+        raise ConfigError("train.text is a language model's corpus: set train.task = 'lm'")
+    if tc.task == "translate" and tc.tokenizer != "bpe":
+        raise ConfigError(f"train.tokenizer={tc.tokenizer!r} is for train.task = 'lm'")
+    if tc.task == "lm" and (tc.src or tc.tgt):
+        raise ConfigError("train.task = 'lm' reads train.text, not train.src/train.tgt")
+    if not 0.0 <= tc.valid_share < 1.0:  # NaN fails too
+        raise ConfigError(f"train.valid_share={tc.valid_share} must be in [0, 1)")
+    if tc.batch_size < 0:
+        raise ConfigError(f"train.batch_size={tc.batch_size} must be >= 0 (0 = from max_tokens)")
+    if tc.task == "lm" and tc.best_metric == "bleu":
+        raise ConfigError(
+            "train.best_metric = 'bleu' is a translator's: a language model's is loss"
         )
 
 

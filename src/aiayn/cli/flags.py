@@ -130,6 +130,11 @@ def decode_setup(args: argparse.Namespace) -> tuple[Translator, DecodeConfig]:
     if not is_export_dir(args.model):  # a missing device is said before any file is read
         resolve_device(args.device)
     opened = ModelDir.open(args.model)  # the one reading of the directory's description
+    if opened.architecture == "DecoderLM":
+        raise AiaynError(
+            f"{args.model} holds a language model: `aiayn generate` continues text with it, "
+            "`aiayn evaluate --text` scores it"
+        )
     cfg = dataclasses.replace(opened.decode, **given)
     check_decode_config(cfg)
     if args.batch_tokens < 1:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from aiayn import __version__
 from aiayn.cli.data_cmd import add_data, add_info, run_data, run_info
+from aiayn.cli.generate_cmd import add_generate, run_generate
 from aiayn.cli.glassbox_cmd import (
     add_attend,
     add_explain,
@@ -47,6 +48,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable
     "data": (add_data, run_data),
     "translate": (add_translate, run_translate),
     "evaluate": (add_evaluate, run_evaluate),
+    "generate": (add_generate, run_generate),
     "train": (add_train, run_train),
     "average": (add_average, run_average),
     "export": (add_export, run_export),

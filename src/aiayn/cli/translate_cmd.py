@@ -60,10 +60,20 @@ def run_translate(args: argparse.Namespace) -> int:
 
 
 def add_evaluate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("evaluate", help="translate --src and score against --ref: BLEU, chrF")
+    p = sub.add_parser(
+        "evaluate",
+        help="translate --src and score against --ref: BLEU, chrF; or a language model's "
+        "loss on --text",
+    )
     add_search_flags(p)
-    p.add_argument("--src", type=Path, required=True, help="source sentences, one per line")
-    p.add_argument("--ref", type=Path, required=True, help="reference translations")
+    p.add_argument("--src", type=Path, help="source sentences, one per line")
+    p.add_argument("--ref", type=Path, help="reference translations")
+    p.add_argument(
+        "--text",
+        type=Path,
+        help="a language model's test text: nats per token, perplexity, bits per character "
+        "and per byte (instead of --src/--ref)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--hyps", type=Path, help="also write the translations to this file")
     p.add_argument(
@@ -237,6 +247,14 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from aiayn.translate.evaluate import evaluate_lines, read_test_set
     from aiayn.translate.significance import significance
 
+    if args.text is not None:
+        if args.src is not None or args.ref is not None:
+            raise AiaynError("--text scores a language model; --src/--ref a translator: not both")
+        from aiayn.cli.generate_cmd import run_evaluate_text
+
+        return run_evaluate_text(args)
+    if args.src is None or args.ref is None:
+        raise AiaynError("give --src and --ref (a translator), or --text (a language model)")
     if args.alphas is not None:
         return run_alpha_sweep(args)
     if args.hyps is not None:  # checked before the model loads

@@ -213,7 +213,9 @@ class Generator:
                     src_BS,
                     step_cfg,
                     row_seeds=row_seeds,
-                    on_step=heard if on_token is not None and cfg.beam_size == 1 else None,
+                    on_step=heard
+                    if on_token is not None and (cfg.sample or cfg.beam_size == 1)
+                    else None,
                 )
             still = []
             for j, r in enumerate(active):

@@ -88,7 +88,7 @@ class Embeddings(nn.Module):
             n = int(pos_BT.max()) + 1
             raise ValueError(f"sequence of {n} positions is longer than max_len={self.max_len}")
         table = self.learned.weight if self.learned is not None else self.pe
-        return table[pos_BT]
+        return table[pos_BT.clamp(min=0)]  # < 0: left padding, which no position sees
 
     def forward(self, ids_BT: Tensor, start: int | Tensor = 0, most: int | None = None) -> Tensor:
         """`start`: the first position, for every row (an int) or per row (a (B,) tensor, whose

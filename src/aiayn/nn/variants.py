@@ -82,11 +82,12 @@ class DecoderLM(_ModelBase):
 
     def encode(self, prompt_BS: Tensor) -> Memory:
         self.check_ids(prompt_BS, "prompt")
-        keep_BS = prompt_BS != self.cfg.pad_id
-        n_B = keep_BS.sum(1)
-        if bool((n_B == 0).any()):
-            raise ValueError("every prompt row needs at least one token (BOS)")
+        # A row's length: up to its last non-PAD token, and at least its first (BOS): where
+        # PAD is BOS too (GPT-2's one <|endoftext|>), a token equal to PAD is not padding.
         S = prompt_BS.size(1)
+        cols_S = torch.arange(1, S + 1, device=prompt_BS.device)
+        n_B = ((prompt_BS != self.cfg.pad_id) * cols_S).amax(1).clamp(min=1)
+        keep_BS = cols_S[None, :] <= n_B[:, None]
         # Row b's tokens move to columns S - n_b .. S - 1 (left padding).
         shift_BS = (torch.arange(S, device=prompt_BS.device) - (S - n_B)[:, None]) % S
         ids_BS = prompt_BS.gather(1, shift_BS)

@@ -102,8 +102,8 @@ def check_stop(t: int) -> None:
 def forbid(scores_RV: Tensor, model_cfg: ModelConfig, no_eos: bool | Tensor) -> None:
     """Never emit PAD or BOS; no EOS before the minimum length (`no_eos`: for every row, or
     per row). In place, after normalising."""
-    scores_RV[:, model_cfg.pad_id] = float("-inf")
-    scores_RV[:, model_cfg.bos_id] = float("-inf")
+    for never in {model_cfg.pad_id, model_cfg.bos_id} - {model_cfg.eos_id}:  # GPT-2: one id
+        scores_RV[:, never] = float("-inf")
     if isinstance(no_eos, Tensor):  # masked_fill: a boolean index would wait for the GPU
         scores_RV[:, model_cfg.eos_id].masked_fill_(no_eos, float("-inf"))
     elif no_eos:

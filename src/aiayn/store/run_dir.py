@@ -29,6 +29,7 @@ from aiayn.store.checkpoints import (
 )
 from aiayn.store.model_dir import WEIGHTS_FILE, check_state_dict, load_tensors
 from aiayn.text.corpus import HELDOUT_FILES
+from aiayn.text.lm_data import text_paths
 from aiayn.text.tokenizer import TOKENIZER_FILES
 
 log = logging.getLogger(__name__)
@@ -145,7 +146,7 @@ def find_resume(out: Path) -> Path | None:
     return None  # only files of a run that died before its first checkpoint: start again
 
 
-DATA_FIELDS = ("src", "tgt", "valid_src", "valid_tgt")
+DATA_FIELDS = ("src", "tgt", "valid_src", "valid_tgt", "text", "valid_text")
 
 
 def data_fingerprint(tc: TrainConfig) -> dict[str, str]:
@@ -160,10 +161,13 @@ def data_fingerprint(tc: TrainConfig) -> dict[str, str]:
         if not path:
             continue
         digest = hashlib.sha256()
+        # a language model's text may be several files (aiayn.text.lm_data.text_paths)
+        files = text_paths(path) if name in ("text", "valid_text") else [path]
         try:
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
+            for file in files:
+                with open(file, "rb") as f:
+                    for block in iter(lambda: f.read(1 << 20), b""):
+                        digest.update(block)
         except OSError as e:
             raise DataError(f"train.{name}: cannot read {path}: {e.strerror}") from None
         digests[name] = digest.hexdigest()

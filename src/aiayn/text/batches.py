@@ -98,6 +98,11 @@ class Batch:
     tgt_out_BT: Tensor  # target ids + EOS (what the model must predict)
     n_tgt_tokens: int  # real (non-PAD) positions of tgt_out: counted on the host, no sync
 
+    @property
+    def inputs(self) -> tuple[Tensor, Tensor]:
+        """What the model is called on (a language model's batch: its blocks alone)."""
+        return self.src_BS, self.tgt_in_BT
+
     def to(self, device: torch.device | str) -> Batch:
         """The batch on `device`. To a GPU the copy goes through pinned (page-locked) memory
         and does not block: the host queues the step's kernels while the copy runs."""

@@ -15,6 +15,7 @@ The path the text takes:
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -99,7 +100,8 @@ def token_stream(tok: Tokenizer, texts: Sequence[str]) -> Tensor:
 
 def stream_text(tok: Tokenizer, ids: Sequence[int]) -> str:
     """The text of a stream's ids: each document's (between BOS and EOS) decoded, joined."""
-    out, doc = [], []
+    out: list[str] = []
+    doc: list[int] = []
     for i in ids:
         if i in (tok.bos_id, tok.eos_id, tok.pad_id):
             if doc:
@@ -123,7 +125,7 @@ class LMData:
     chars: int = 0  # characters of the validation text (bits per character)
     bytes: int = 0  # its UTF-8 bytes
 
-    @property
+    @functools.cached_property
     def valid(self) -> list[int]:
         """Start offsets of the validation windows (`eval_windows`)."""
         return eval_windows(len(self.valid_stream), self.block)
@@ -208,11 +210,16 @@ def eval_windows(n_tokens: int, block: int) -> list[int]:
     return list(range(0, max(n_tokens - 1, 0), block))
 
 
+NOT_SCORED = -100  # a padded window's target (cross_entropy's ignore_index)
+
+
 def window_batch(stream: Tensor, starts: Sequence[int], block: int, pad_id: int) -> LMBatch:
-    """The windows at `starts`, the last one right-padded (PAD targets are not scored)."""
+    """The windows at `starts`, the last one right-padded: PAD inputs, NOT_SCORED targets."""
     rows = [stream[s : s + block + 1] for s in starts]
     width = max(len(r) for r in rows)
     win_BT = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    next_BT = torch.full((len(rows), width - 1), NOT_SCORED, dtype=torch.long)
     for i, r in enumerate(rows):
         win_BT[i, : len(r)] = r
-    return LMBatch(win_BT[:, :-1], win_BT[:, 1:])
+        next_BT[i, : len(r) - 1] = r[1:]
+    return LMBatch(win_BT[:, :-1], next_BT)

@@ -63,14 +63,17 @@ class Tokenizer(ABC):
         model_type: str = "bpe",
         *,
         seed_sentences: int = 2_000_000,
+        exact: bool = False,
     ) -> Tokenizer:
         """Train a joint vocabulary on `texts` (source and target lines together).
 
         `vocab_size` is an upper bound: on small corpora SentencePiece cannot reach it, so we
         retry with the largest size the data supports (it names that size in its error).
+        `exact`: no space added in front of a text, and runs of spaces kept, so that any text
+        (a language model's, newlines included: as bytes) decodes back to itself exactly.
         """
         return JointTokenizer.train_joint(
-            texts, vocab_size, model_type, seed_sentences=seed_sentences
+            texts, vocab_size, model_type, seed_sentences=seed_sentences, exact=exact
         )
 
     @staticmethod
@@ -79,9 +82,10 @@ class Tokenizer(ABC):
         `target.spm` and `vocab.json`) or a `.model` file."""
         path = Path(path)
         if path.is_dir() and (path / "charset.json").is_file():  # a language model's
-            from aiayn.text.charset import CHARSET_FILE, _Charset
+            import importlib  # by name: charset imports this module (no import cycle)
 
-            return _Charset.load_file(path / CHARSET_FILE)
+            charset = importlib.import_module("aiayn.text.charset")
+            return charset._Charset.load_file(path / charset.CHARSET_FILE)  # type: ignore[no-any-return]
         if path.is_dir() and (path / HF_TOKENIZER_FILE).is_file():  # aiayn import gpt2's
             import importlib  # by name: hf_tokenizer imports this module (no import cycle)
 
@@ -219,6 +223,7 @@ class JointTokenizer(Tokenizer):
         model_type: str = "bpe",
         *,
         seed_sentences: int = 2_000_000,
+        exact: bool = False,
     ) -> JointTokenizer:
         """`Tokenizer.train`: SentencePiece trained on both sides' lines together."""
         if model_type not in ("bpe", "unigram", "word"):
@@ -248,6 +253,8 @@ class JointTokenizer(Tokenizer):
                     byte_fallback=True,  # unseen characters become bytes, never <unk>
                     character_coverage=1.0,
                     normalization_rule_name="identity",  # keep text as written: exact round trip
+                    add_dummy_prefix=not exact,
+                    remove_extra_whitespaces=not exact,
                     input_sentence_size=seed_sentences,
                     shuffle_input_sentence=True,
                     num_threads=2,

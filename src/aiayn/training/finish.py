@@ -18,6 +18,7 @@ from aiayn.runtime.device import choose_precision
 from aiayn.store.checkpoints import checkpoint_step, list_checkpoints, write_average
 from aiayn.store.model_dir import WEIGHTS_FILE, load_model_dir, save_model_dir
 from aiayn.store.run_dir import AVERAGED_DIR
+from aiayn.text.data import RunData
 from aiayn.training.run import Run
 
 if TYPE_CHECKING:
@@ -133,6 +134,7 @@ def _choose_alpha(run: Run, progress: bool) -> None:
             dc.length_penalty,
         )
         return
+    assert isinstance(data, RunData)  # a translator's run (finish_run)
     if not data.valid_srcs or dc.beam_size < 2 or dc.sample:
         log.info(
             "alpha not chosen: it needs a validation set and beam search (decode.beam_size "
@@ -196,6 +198,7 @@ def _alpha_sentences(
     """How many validation pairs the α sweep takes (`alpha_sentences`), its estimated seconds
     and its bound, logged: the first ALPHA_PROBE are beam-searched with the recipe's α and
     timed, unless there are no more than ALPHA_SENTENCES (then all, untimed)."""
+    assert isinstance(run.data, RunData)
     srcs, dc = run.data.valid_srcs, run.cfg.decode
     total, bound = len(srcs), alpha_sweep_bound(run.tc.max_minutes)
     if total <= ALPHA_SENTENCES:
@@ -256,7 +259,8 @@ def finish_run(run: Run, stopped: str, progress: bool = False) -> None:
         run.save()
     if d.main and not (out / WEIGHTS_FILE).exists():  # stopped before any validation
         save_model_dir(run.model, out)
-    if d.main and run.tc.average_last and stopped != "signal" and _write_average(run):
+    averaged = d.main and run.tc.average_last and stopped != "signal" and _write_average(run)
+    if averaged and run.tc.task == "translate":  # a length penalty is a translation search's
         _choose_alpha(run, progress)
     if d.main:
         log.info(

@@ -11,7 +11,14 @@ import logging
 from aiayn.config import TrainConfig
 from aiayn.errors import ConfigError
 from aiayn.runtime.distributed import Dist
-from aiayn.text.batches import Example, batch_plan, padding_efficiency, resegment
+from aiayn.text.batches import (
+    Batch,
+    Example,
+    batch_plan,
+    collate,
+    padding_efficiency,
+    resegment,
+)
 from aiayn.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -66,6 +73,9 @@ class StepLoader:
                 )
             self._plan = (epoch, plan)
         return self._plan[1]
+
+    def batch(self, idx: list[int], pad_id: int) -> Batch:
+        return collate(self.data, idx, pad_id)
 
     def next_step(
         self, epoch: int, batch_in_epoch: int

@@ -25,10 +25,11 @@ from aiayn.config import Config, TrainConfig
 from aiayn.runtime.device import set_threads
 from aiayn.runtime.distributed import stop_on_signals
 from aiayn.runtime.progress import interactive
-from aiayn.text.batches import collate
+from aiayn.text.lm_data import LMData
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.budget import fit_budget, refit_budget
 from aiayn.training.finish import finish_run
+from aiayn.training.lm_setup import BlockLoader
 from aiayn.training.loader import StepLoader
 from aiayn.training.loss import train_step
 from aiayn.training.run import Run, TrainResult
@@ -39,7 +40,7 @@ from aiayn.training.takeoff import end_words
 log = logging.getLogger(__name__)
 
 
-def _bar_total(tc: TrainConfig, loader: StepLoader, epoch: int) -> int | None:
+def _bar_total(tc: TrainConfig, loader: StepLoader | BlockLoader, epoch: int) -> int | None:
     """The step the run will stop at, when it is known in advance: max_steps, or fewer when
     max_epochs ends it first. A wall-clock budget makes it unknown: no total, no false ETA
     (the bar then shows the minutes left instead)."""
@@ -84,7 +85,8 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
     trained_minutes = run.elapsed() / 60  # the speed for the advice: finishing not counted
     finish_run(run, stopped, progress)
     tc = run.tc
-    if tc.lr_schedule == "cosine_budget" and tc.max_minutes > 0 and run.d.main:
+    lm = tc.task == "lm"  # the takeoff's advice is measured in BLEU: a translator's
+    if tc.lr_schedule == "cosine_budget" and tc.max_minutes > 0 and run.d.main and not lm:
         usable, words = end_words(run.cfg.model, run.state.step, trained_minutes, run.last_bleu)
         (log.info if usable else log.warning)("%s", words)
     return TrainResult(run.out, run.state.step, stopped, run.last_loss, run.state.best)
@@ -96,7 +98,11 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     tc, d, state = run.tc, run.d, run.state
-    loader = StepLoader(run.data.train, tc, d, run.data.train_text, run.tok)
+    loader: StepLoader | BlockLoader
+    if isinstance(run.data, LMData):
+        loader = BlockLoader(run.data, tc, d)
+    else:
+        loader = StepLoader(run.data.train, tc, d, run.data.train_text, run.tok)
     bar = tqdm(
         total=_bar_total(tc, loader, state.epoch),
         initial=state.step,
@@ -124,7 +130,7 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
                 state.epoch, state.batch_in_epoch
             )
             pad_id = run.cfg.model.pad_id
-            batches = [collate(loader.data, idx, pad_id).to(d.device) for idx in chunk]
+            batches = [loader.batch(idx, pad_id).to(d.device) for idx in chunk]
             totals = train_step(
                 net,
                 run.opt,

@@ -6,6 +6,7 @@ step      train_step: forward, loss, backward (accumulated), clipping, Adam, the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -17,6 +18,7 @@ from aiayn.config import TrainConfig
 from aiayn.runtime.device import Precision
 from aiayn.runtime.distributed import Dist
 from aiayn.text.batches import Batch
+from aiayn.text.lm_data import LMBatch
 
 
 def label_smoothed_loss(
@@ -103,7 +105,7 @@ class _SmoothedCE(torch.autograd.Function):
 def train_step(
     net: torch.nn.Module,
     opt: torch.optim.Optimizer,
-    batches: list[Batch],
+    batches: Sequence[Batch | LMBatch],
     *,
     tokens: int,
     lr: float,
@@ -129,7 +131,7 @@ def train_step(
         last = a == len(batches) - 1
         with nullcontext() if d.world == 1 or last else net.no_sync():  # type: ignore[operator]
             with precision.autocast():
-                logits_BTV = net(b.src_BS, b.tgt_in_BT)
+                logits_BTV = net(*b.inputs)
             loss, nll = label_smoothed_loss(
                 logits_BTV.flatten(0, 1), b.tgt_out_BT.flatten(), tc.label_smoothing, pad_id
             )

@@ -17,13 +17,16 @@ from torch import Tensor
 
 from aiayn.config import Config
 from aiayn.nn.model import Transformer
+from aiayn.nn.variants import DecoderLM
 from aiayn.runtime.device import Precision
 from aiayn.runtime.distributed import Dist, all_sum
 from aiayn.store.checkpoints import prune_checkpoints, save_checkpoint
 from aiayn.store.model_dir import save_model_dir
 from aiayn.store.run_dir import METRICS_FILE, TrainState, rng_tensors
 from aiayn.text.data import RunData
+from aiayn.text.lm_data import LMData
 from aiayn.text.tokenizer import Tokenizer
+from aiayn.training.lm_setup import validate_lm
 from aiayn.training.schedule import BudgetPlan, average_steps
 from aiayn.training.validate import validate, validation_bleu
 
@@ -60,8 +63,8 @@ class Run:
         self,
         cfg: Config,
         tok: Tokenizer,
-        data: RunData,
-        model: Transformer,
+        data: RunData | LMData,
+        model: Transformer | DecoderLM,
         opt: torch.optim.Optimizer,
         state: TrainState,
         d: Dist,
@@ -144,8 +147,15 @@ class Run:
     def validate(self) -> bool:
         """Validation metrics, the best checkpoint and early stopping; True = stop now."""
         tc, st = self.tc, self.state
-        rec = validate(self.model, self.data.valid, tc, self.d, self.precision)
-        if tc.bleu_samples > 0:  # rank 0 decodes; the sum hands its figures to every rank
+        if isinstance(self.data, LMData):  # a language model: the loss on the text, no BLEU
+            assert isinstance(self.model, DecoderLM)
+            rec = validate_lm(self.model, self.data, tc, self.d, self.precision)
+        else:
+            assert isinstance(self.model, Transformer)
+            rec = validate(self.model, self.data.valid, tc, self.d, self.precision)
+        # rank 0 decodes; the sum hands its figures to every rank
+        if tc.bleu_samples > 0 and isinstance(self.model, Transformer):
+            assert isinstance(self.data, RunData)
             bleu = (
                 validation_bleu(
                     self.model,

@@ -22,10 +22,12 @@ import torch
 import torch.distributed as dist
 
 from aiayn.atomic import atomic_write_json, atomic_write_text
-from aiayn.config import Config, TrainConfig, check_recipe
+from aiayn.config import Config, DecodeConfig, TrainConfig, check_recipe
 from aiayn.config_files import RUN_CONFIG_FILE, to_dict
 from aiayn.errors import ConfigError
+from aiayn.generate.generator import LM_DEFAULTS
 from aiayn.nn.model import Transformer
+from aiayn.nn.variants import DecoderLM
 from aiayn.runtime.device import choose_precision
 from aiayn.runtime.distributed import Dist, init_distributed
 from aiayn.runtime.progress import interactive
@@ -38,9 +40,11 @@ from aiayn.store.run_dir import (
     restore_checkpoint,
 )
 from aiayn.text.corpus import HELDOUT_FILES, DataStats, Heldout, hold_out, read_parallel
-from aiayn.text.data import load_data, require_corpus
+from aiayn.text.data import RunData, load_data, require_corpus
+from aiayn.text.lm_data import LMData, load_lm_data
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.checks import check_batch_fits, check_model_fits
+from aiayn.training.lm_setup import prepare_lm_tokenizer
 from aiayn.training.run import Run
 
 log = logging.getLogger(__name__)
@@ -100,13 +104,21 @@ def prepare_run(
     if tc.init_from:  # continued training: the architecture and vocabulary are the model's
         cfg = dataclasses.replace(cfg, model=load_model_config(tc.init_from))
         tokenizer = Tokenizer.load(tc.init_from)
-    if tc.max_len > cfg.model.max_len:
+    lm = tc.task == "lm"  # a language model's examples are blocks of model.max_len tokens
+    if lm and cfg.decode == DecodeConfig():  # no [decode] table: sampling, not a beam of 4
+        cfg = dataclasses.replace(cfg, decode=LM_DEFAULTS)
+    if tc.max_len > cfg.model.max_len and not lm:
         raise ConfigError(f"train.max_len={tc.max_len} exceeds model.max_len={cfg.model.max_len}")
     vocab = tokenizer.vocab_size if tokenizer is not None else tc.vocab_size  # at most
     copies = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if d.device.type == "cpu" else 1
     check_model_fits(dataclasses.replace(cfg.model, vocab_size=vocab), d.device, copies)
-    heldout = _hold_out(tc, out, d) if tc.src and not tc.valid_src else None
-    tok = prepare_tokenizer(cfg, out, resume, tokenizer, d, heldout)
+    heldout = _hold_out(tc, out, d) if tc.src and not tc.valid_src and not lm else None
+    if lm:
+        if not tc.text:
+            raise ConfigError("train.text is empty: give the training text (--set train.text=FILE)")
+        tok = prepare_lm_tokenizer(cfg, out, resume, tokenizer, d)
+    else:
+        tok = prepare_tokenizer(cfg, out, resume, tokenizer, d, heldout)
     if heldout is not None and d.main and resume is None:
         # After the tokenizer's barrier: every rank has looked at out_dir (find_resume), so
         # none can take the files being written for foreign ones.
@@ -125,9 +137,20 @@ def prepare_run(
     fingerprint = data_fingerprint(tc)
     if resume is not None:
         check_resumable(out, cfg, fingerprint)
-    data = load_data(tc, tok, d, heldout, bar=progress and d.main and interactive())
-    check_batch_fits(cfg.model, data.train, tc, precision, copies)
-    if d.main and resume is None:  # once per run: a resume has the same data (data_sha256)
+    data: RunData | LMData
+    if lm:
+        data = load_lm_data(tc.text, tc.valid_text, tc.valid_share, tok, cfg.model.max_len)
+        if d.main:
+            log.info(
+                "text: %d training tokens, %d validation tokens (%s)",
+                len(data.train),
+                len(data.valid_stream),
+                tc.valid_text or f"the last {tc.valid_share:.0%} of the training text",
+            )
+    else:
+        data = load_data(tc, tok, d, heldout, bar=progress and d.main and interactive())
+        check_batch_fits(cfg.model, data.train, tc, precision, copies)
+    if d.main and resume is None and not lm:  # once per run: a resume has the same data
         _log_data_check(tc, bar=progress and interactive())  # a log file gets its lines
     torch.manual_seed(tc.seed)  # seeds the GPU's generator too
     random.seed(tc.seed)
@@ -135,9 +158,10 @@ def prepare_run(
     if d.main:
         log.info("device %s, precision: %s", d.device, precision.why)
     # On the device before the optimizer exists: restored Adam moments follow the parameters.
-    model = Transformer(cfg.model).to(d.device)
+    arch: type[Transformer] | type[DecoderLM] = DecoderLM if lm else Transformer
+    model = arch(cfg.model).to(d.device)
     if tc.init_from and resume is None:  # a resumed run has its own weights
-        start = load_model_dir(tc.init_from, d.device, expect=Transformer)
+        start = load_model_dir(tc.init_from, d.device, expect=arch)
         model.load_state_dict(start.state_dict())
         log.info("starting from the weights of %s", tc.init_from)
     opt = torch.optim.Adam(
@@ -154,6 +178,8 @@ def prepare_run(
             "data_sha256": fingerprint,
             "runtime": {**precision.to_json(), "world_size": d.world},
         }
+        if isinstance(data, LMData) and data.heldout:
+            run_config["heldout_valid"] = data.heldout
         if heldout is not None:
             run_config["heldout_valid"] = {
                 "src": HELDOUT_FILES[0],
@@ -162,7 +188,7 @@ def prepare_run(
                 "corpus_lines": heldout.corpus_lines,
                 "drawn": len(heldout.lines),
                 "seed": tc.seed,
-                "left_out_of_training": data.held_out,
+                "left_out_of_training": data.held_out if isinstance(data, RunData) else 0,
             }
         atomic_write_json(out / RUN_CONFIG_FILE, run_config)
     model.train()
