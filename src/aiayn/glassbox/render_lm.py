@@ -92,14 +92,17 @@ def lm_to_text(trace: Explanation, view: View | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-def tensor_json(e: Entry, precision: int) -> dict:
+def tensor_json(e: Entry, precision: int, extra: int = 4) -> dict:
+    """One tensor in `aiayn explain --json`'s form, rounded to precision + extra decimals
+    (-inf, a masked score, as null)."""
+    data = e.value.double().round(decimals=precision + extra).tolist()
     return {
         "name": e.name,
         "description": e.description,
         "shape": list(e.value.shape),
         "rows": e.rows,
         "cols": e.cols,
-        "data": _jsonable(e.value.double().round(decimals=precision + 4).tolist()),
+        "data": data if bool(e.value.isfinite().all()) else _jsonable(data),
     }
 
 
