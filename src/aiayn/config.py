@@ -165,6 +165,7 @@ class TrainConfig:
     # cosine_budget = cosine to 0 at a total fitted to max_minutes (or max_steps): training.md
     lr_schedule: Literal["noam", "inverse_sqrt", "cosine", "cosine_budget", "constant"] = "noam"
     lr: float = 1.0  # a multiplier on noam; the peak rate for the other schedules
+    min_lr: float = 0.0  # cosine only: where it ends (nanoGPT's min_lr; 0 = to zero)
     # cosine_budget only: the rate holds at its peak after warmup and falls (half a cosine to
     # 0) over this last share of the steps left (warmup-stable-decay); 1.0 = a cosine over all
     budget_decay: float = 1.0
@@ -261,6 +262,7 @@ def check_recipe(tc: TrainConfig) -> None:
         (tc.vocab_size >= 1 and tc.max_len >= 1, "vocab_size and max_len must be at least 1"),
         (0 <= tc.label_smoothing < 1, f"label_smoothing={tc.label_smoothing} must be in [0, 1)"),
         (0 <= tc.lr < inf, f"lr={tc.lr} must be a number >= 0"),  # 0: frozen (tests use it)
+        (0 <= tc.min_lr <= tc.lr, f"min_lr={tc.min_lr} must be in [0, lr]"),
         (
             tc.warmup_steps >= (1 if tc.lr_schedule == "noam" else 0),  # noam divides by it
             f"warmup_steps={tc.warmup_steps} must be >= 0 (noam: >= 1)",

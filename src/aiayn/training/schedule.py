@@ -98,7 +98,7 @@ def learning_rate(
     if tc.lr_schedule == "inverse_sqrt":
         return inverse_sqrt_lr(step, tc.warmup_steps, tc.lr)
     if tc.lr_schedule == "cosine":
-        return cosine_lr(step, tc.warmup_steps, tc.max_steps, tc.lr)
+        return cosine_lr(step, tc.warmup_steps, tc.max_steps, tc.lr, tc.min_lr)
     if tc.lr_schedule == "cosine_budget":
         return budget_lr(step, tc.lr, tc.warmup_steps, plan or BudgetPlan(), tc.budget_decay)
     return tc.lr
