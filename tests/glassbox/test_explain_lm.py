@@ -17,8 +17,8 @@ from aiayn.generate.generator import Generator
 from aiayn.glassbox.distribution import next_token_distribution
 from aiayn.glassbox.explain_lm import explain_lm, lm_prompt_ids
 from aiayn.glassbox.lm_page import lm_page_data
-from aiayn.glassbox.render import to_json, to_text
-from aiayn.glassbox.render_html import to_html
+from aiayn.glassbox.render import to_text
+from aiayn.glassbox.render_lm import lm_to_html, lm_to_json, lm_to_text
 from aiayn.nn.variants import DecoderLM
 from aiayn.store.model_dir import load_model_dir, save_model_dir
 from aiayn.text.charset import CharTokenizer
@@ -92,10 +92,10 @@ def test_the_causal_mask_is_visible(lm, trace):
             assert bool((w[above] == 0).all()) and bool((w[~above] > 0).all())
             assert bool((masked[above] == float("-inf")).all())
             torch.testing.assert_close(w.sum(-1), torch.ones(w.size(0)))
-    text = to_text(trace)
+    text = lm_to_text(trace)
     assert "-inf" in text and "position t sees positions 0..t" in text
     # the JSON is strict: -inf is null there
-    data = json.loads(json.dumps(to_json(trace), allow_nan=False))
+    data = json.loads(json.dumps(lm_to_json(trace), allow_nan=False))
     (masked,) = [
         t for t in data["tensors"] if t["name"].endswith("0.self_attn.head1.scores_masked")
     ]
@@ -224,5 +224,7 @@ def test_cli_attend_lm_png(lm_dir, tmp_path, capsys):
 
 
 def test_html_of_an_lm_trace(trace):
-    page = to_html(trace)
+    page = lm_to_html(trace)
     assert "next token after the prompt" in page and "renormalised" in page
+    with pytest.raises(ValueError, match="render_lm"):
+        to_text(trace)  # the translator's renderer refuses it

@@ -144,6 +144,7 @@ def explain_lm_report(
     pass over BOS + `prompt`, the next-token distribution, and `max_len` generation steps
     (aiayn.glassbox.explain_lm), rendered as `fmt`."""
     from aiayn.glassbox.explain_lm import explain_lm
+    from aiayn.glassbox.render_lm import lm_to_html, lm_to_json_text, lm_to_text
     from aiayn.nn.variants import DecoderLM
 
     where = resolve_device(device)
@@ -164,5 +165,5 @@ def explain_lm_report(
         want=view.shows if view else None,
         max_numel=max_numel,
     )
-    render = {"text": to_text, "json": to_json_text, "html": to_html}[fmt]
+    render = {"text": lm_to_text, "json": lm_to_json_text, "html": lm_to_html}[fmt]
     return render(trace, view)

@@ -182,9 +182,7 @@ def top_k_lines(trace: Explanation, t: int) -> list[str]:
 def to_text(trace: Explanation, view: View | None = None) -> str:
     """The trace as plain-text tables, in the order the model computes them."""
     if trace.kind == "lm":  # a language model's (aiayn.glassbox.explain_lm)
-        from aiayn.glassbox.render_lm import lm_to_text
-
-        return lm_to_text(trace, view)
+        raise ValueError("a language model's trace is rendered by render_lm.lm_to_text")
     view = view or View()
     view.check(trace)
     c = trace.config
@@ -269,9 +267,7 @@ def _jsonable(rows: list) -> list:
 def to_json(trace: Explanation, view: View | None = None) -> dict:
     """The trace as a JSON-ready dict (all dims of the chosen layers/heads/steps)."""
     if trace.kind == "lm":
-        from aiayn.glassbox.render_lm import lm_to_json
-
-        return lm_to_json(trace, view)
+        raise ValueError("a language model's trace is rendered by render_lm.lm_to_json")
     view = view or View()
     view.check(trace)
     tensors = []

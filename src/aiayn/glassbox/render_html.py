@@ -48,9 +48,7 @@ def _html_table(e: Entry, view: View) -> str:
 def to_html(trace: Explanation, view: View | None = None) -> str:
     """One self-contained page (no script, no network): a collapsible table per tensor."""
     if trace.kind == "lm":  # a language model's (aiayn.glassbox.explain_lm)
-        from aiayn.glassbox.render_lm import lm_to_html
-
-        return lm_to_html(trace, view)
+        raise ValueError("a language model's trace is rendered by render_lm.lm_to_html")
     view = view or View()
     view.check(trace)
     esc = html.escape

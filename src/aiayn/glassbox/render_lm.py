@@ -1,7 +1,8 @@
 """Print a language model's `Explanation` (kind "lm", aiayn.glassbox.explain_lm) as text, JSON
 or HTML: the forward pass over BOS + the prompt in computation order, the next-token
 distribution as temperature / top-k / top-p reshape it, and the traced generation steps.
-`aiayn.glassbox.render.to_text` / `to_json` and `render_html.to_html` hand an LM trace here.
+(render.to_text / to_json and render_html.to_html are the translator's; `render_lm` builds on
+them, so they refuse an LM trace rather than import this module.)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from aiayn.glassbox.render import (
     _which,
     top_k_lines,
 )
+from aiayn.glassbox.render_html import _CSS, _html_table
 
 GENERATION = {"greedy": "greedy continuation", "sample": "sampled continuation"}
 CAUSAL_NOTE = (
@@ -106,6 +108,10 @@ def tensor_json(e: Entry, precision: int, extra: int = 4) -> dict:
     }
 
 
+def lm_to_json_text(trace: Explanation, view: View | None = None) -> str:
+    return json.dumps(lm_to_json(trace, view), ensure_ascii=False, allow_nan=False) + "\n"
+
+
 def lm_to_json(trace: Explanation, view: View | None = None) -> dict:
     """The LM trace as a JSON-ready dict (all dims of the chosen layers and heads)."""
     view = view or View()
@@ -141,8 +147,6 @@ def lm_to_json(trace: Explanation, view: View | None = None) -> dict:
 
 def lm_to_html(trace: Explanation, view: View | None = None) -> str:
     """One self-contained page: a collapsible table per tensor, the distribution, the steps."""
-    from aiayn.glassbox.render_html import _CSS, _html_table
-
     view = view or View()
     view.check(trace)
     esc = html.escape
