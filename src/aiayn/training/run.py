@@ -32,6 +32,8 @@ from aiayn.training.validate import validate, validation_bleu
 
 log = logging.getLogger(__name__)
 
+TENSORBOARD_DIR = "tb"  # train.tensorboard's event files, in the run directory
+
 
 @dataclass
 class TrainResult:
@@ -91,6 +93,7 @@ class Run:
         self.valid_cost = (0, 0.0)
         self.last_bleu: float | None = None  # the last validation's BLEU (greedy), if any
         self.budget_short = False  # the fitted budget gives fewer steps than the model needs
+        self.tb: Any = None  # a TensorBoard SummaryWriter, opened on the first record
 
     def elapsed(self) -> float:
         return self.elapsed0 + time.monotonic() - self.t_start
@@ -106,6 +109,21 @@ class Run:
             }
             with (self.out / METRICS_FILE).open("a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
+            if self.tc.tensorboard:
+                self._tensorboard(record)
+
+    def _tensorboard(self, record: dict[str, Any]) -> None:
+        """The same record as TensorBoard scalars (OUT_DIR/tb), by step."""
+        if self.tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(self.out / TENSORBOARD_DIR))
+        step = int(record["step"])
+        for key, value in record.items():
+            if key not in ("step", "epoch") and isinstance(value, int | float):
+                group = "valid" if key.startswith("valid_") or key == "best" else "train"
+                self.tb.add_scalar(f"{group}/{key.removeprefix('valid_')}", value, step)
+        self.tb.flush()
 
     def log_due(self) -> bool:
         """A training record is due: every `log_every` steps, or more often when a fitted

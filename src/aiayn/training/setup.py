@@ -12,6 +12,7 @@ wrapped in DistributedDataParallel under torchrun and compiled where `train.comp
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import os
 import random
@@ -99,6 +100,10 @@ def prepare_run(
     tc, d = cfg.train, init_distributed(cfg.train.device)
     precision = choose_precision(tc.dtype, d.device, "train.dtype")
     check_recipe(tc)
+    if tc.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "train.tensorboard = true needs the tensorboard package: pip install tensorboard"
+        )
     out = Path(tc.out_dir)
     resume = find_resume(out)
     if tc.init_from:  # continued training: the architecture and vocabulary are the model's
