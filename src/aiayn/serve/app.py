@@ -7,12 +7,18 @@ Endpoints (docs/serving.md has examples; /openapi.json describes every body):
     GET  /languages        LibreTranslate's language list; POST /detect names the source
     POST /v1/translate     aiayn's own: beam, alpha, nbest, sampling; hypotheses with scores
     POST /v1/explain       one sentence traced: what `aiayn explain --format json` prints
+    POST /v1/generate      a language model's server only (aiayn.serve.generate_handler):
+                           {"prompt": str | [str], "max_tokens", sampling or beam, "stream"}
+                           -> {"completions"}, or server-sent events with "stream": true
     GET  /v1/explain/seed  the tutorials' worked example: `aiayn explain --seed-example
                            --format json` (no model needed; the page opens it)
     GET  /v1/model         configuration, languages, sizes, limits, example sentences
-    GET  /health           liveness (never needs the API key)
+    GET  /health           liveness and the kind of model (never needs the API key)
     GET  /metrics          Prometheus text format
     GET  /docs, /openapi.json   the API, described
+
+A server holds a translator or a language model (`aiayn.nn.variants.DecoderLM`): the endpoints
+of the other kind answer 404 with a line naming the right one, and are not in its schema.
 
 Before any handler runs, `Guard` checks the Host header against an allowlist (DNS
 rebinding), the API key (every path but /health), the content type of a POST (JSON; forms
@@ -45,13 +51,16 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from aiayn import __version__
+from aiayn.generate.generator import Generator
+from aiayn.serve.generate_handler import ON_LM_SERVER, ON_TRANSLATOR_SERVER, LMServer
 from aiayn.serve.guard import Accounting, Guard, error_response
-from aiayn.serve.handlers import ServeOptions, Server
+from aiayn.serve.handlers import BaseServer, ServeOptions, Server
 from aiayn.serve.requests import (
     ApiError,
     ErrorBody,
     HealthResponse,
     LibreTranslateResponse,
+    V1GenerateResponse,
     V1TranslateResponse,
     language_name,
     validation_message,
@@ -110,9 +119,48 @@ def _with_body(handler: Callable[..., Any], model: type[BaseModel]) -> Callable[
     return endpoint
 
 
-def create_app(translator: Translator, model_dir: Path | ModelDir, opts: ServeOptions) -> FastAPI:
-    """The FastAPI app; its lifespan stops the model worker after the last answer."""
-    server: Server | None = None
+def _elsewhere(message: str) -> Callable[..., Any]:
+    """A handler for an endpoint of the other kind of model: 404 with `message`."""
+
+    async def elsewhere(_request: Request) -> None:
+        raise ApiError(404, message)
+
+    return elsewhere
+
+
+# The endpoints a language model's server does not have (a translator's: a 404 there).
+TRANSLATION_ENDPOINTS = [
+    ("/languages", "GET"),
+    ("/detect", "POST"),
+    ("/translate", "POST"),
+    ("/v1/translate", "POST"),
+    ("/v1/explain", "POST"),
+]
+# The streamed answer, besides the JSON one: its `schema` describes one event (OpenAPI 3.1).
+SSE_EVENT = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"type": "string", "enum": ["token", "done", "error"]},
+        "data": {
+            "type": "string",
+            "description": 'one line of JSON: token {"prompt", "sample", "text"} (new text of '
+            'one completion), done (the whole reply, as without "stream"), error {"error", '
+            '"status"}',
+        },
+    },
+}
+GENERATE_OPENAPI: dict[str, Any] = {
+    "responses": {"200": {"content": {"text/event-stream": {"schema": SSE_EVENT}}}}
+}
+
+
+def create_app(
+    served: Translator | Generator, model_dir: Path | ModelDir, opts: ServeOptions
+) -> FastAPI:
+    """The FastAPI app for a translator or a language model; its lifespan stops the model
+    worker after the last answer."""
+    server: BaseServer | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -127,10 +175,12 @@ def create_app(translator: Translator, model_dir: Path | ModelDir, opts: ServeOp
         docs_url="/docs",
         redoc_url=None,
     )
-    server = Server(translator, model_dir, opts)
+    if isinstance(served, Generator):
+        server = LMServer(served, model_dir, opts)
+    else:
+        server = Server(served, model_dir, opts)
     app.state.server = server
     page = resources.files("aiayn.serve").joinpath("static/serve.html").read_text(encoding="utf-8")
-    models = server.models
 
     @app.exception_handler(ApiError)
     async def api_error(_r: Request, e: ApiError) -> JSONResponse:
@@ -160,7 +210,8 @@ def create_app(translator: Translator, model_dir: Path | ModelDir, opts: ServeOp
     async def health() -> dict[str, Any]:
         # in_flight: other requests accepted and not yet answered (this one is not counted)
         in_flight = server.accepted - server.answered - 1
-        return {"status": "ok", "queued": server.batcher.queued(), "in_flight": in_flight}
+        queued = server.batcher.queued()
+        return {"status": "ok", "queued": queued, "in_flight": in_flight, "kind": server.kind}
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
@@ -173,6 +224,36 @@ def create_app(translator: Translator, model_dir: Path | ModelDir, opts: ServeOp
     @app.get("/v1/explain/seed", responses=ERRORS)
     async def seed_example() -> dict[str, Any]:
         return _seed_example()
+
+    if isinstance(server, LMServer):
+        app.post(
+            "/v1/generate",
+            response_model=V1GenerateResponse,
+            responses=ERRORS,
+            openapi_extra=GENERATE_OPENAPI,
+        )(_with_body(server.v1_generate, server.body))
+        for path, method in TRANSLATION_ENDPOINTS:
+            app.api_route(path, methods=[method], include_in_schema=False)(_elsewhere(ON_LM_SERVER))
+    else:
+        assert isinstance(server, Server)
+        _translation_endpoints(app, server)
+        app.post("/v1/generate", include_in_schema=False)(_elsewhere(ON_TRANSLATOR_SERVER))
+
+    app.add_middleware(Guard, server=server)  # type: ignore[arg-type]
+    if opts.cors_origins:  # outside the Guard: preflights carry no key
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(opts.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    app.add_middleware(Accounting, server=server)  # type: ignore[arg-type]
+    return app
+
+
+def _translation_endpoints(app: FastAPI, server: Server) -> None:
+    """LibreTranslate's endpoints and aiayn's /v1/translate and /v1/explain."""
+    models = server.models
 
     @app.get("/languages", responses=ERRORS)
     async def languages() -> list[dict[str, Any]]:
@@ -201,13 +282,3 @@ def create_app(translator: Translator, model_dir: Path | ModelDir, opts: ServeOp
         _with_body(server.v1_translate, models.v1_translate)
     )
     app.post("/v1/explain", responses=ERRORS)(_with_body(server.v1_explain, models.v1_explain))
-    app.add_middleware(Guard, server=server)  # type: ignore[arg-type]
-    if opts.cors_origins:  # outside the Guard: preflights carry no key
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=list(opts.cors_origins),
-            allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
-        )
-    app.add_middleware(Accounting, server=server)  # type: ignore[arg-type]
-    return app

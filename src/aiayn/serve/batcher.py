@@ -78,7 +78,7 @@ class Batcher:
 
     def __init__(
         self,
-        translator: Translator,
+        translator: Translator | None,
         *,
         window_s: float = 0.01,
         batch_tokens: int = 2048,
@@ -98,8 +98,12 @@ class Batcher:
         self.max_queue = max_queue
         self.on_batch = on_batch
         # Continuous batching needs a torch model's cache (not an exported engine's).
-        self.continuous = continuous and isinstance(translator.model, torch.nn.Module)
-        self._streams = Streams(translator, chunk_rows, self._report, turn_tokens)
+        # (None: a language model's server, whose jobs are all calls)
+        torch_model = translator is not None and isinstance(translator.model, torch.nn.Module)
+        self.continuous = continuous and torch_model
+        self._streams: Streams | None = None
+        if translator is not None:
+            self._streams = Streams(translator, chunk_rows, self._report, turn_tokens)
         self._queue: queue.Queue[Job | object] = queue.Queue()
         self._lock = threading.Lock()  # guards _closed against submit/close races
         self._closed = False
@@ -125,6 +129,8 @@ class Batcher:
         return job
 
     def translate(self, lines: list[str], cfg: DecodeConfig, timeout_s: float) -> Job:
+        if self.translator is None:
+            raise ClosedError("this model worker has no translator (a language model's)")
         return self.submit(Job(list(lines), cfg, time.monotonic() + timeout_s))
 
     def call(self, fn: Callable[[], Any], timeout_s: float) -> Job:
@@ -145,8 +151,8 @@ class Batcher:
     # --- the worker ----------------------------------------------------------------------------
 
     def _run(self) -> None:
-        if self.continuous:  # measured while the server finishes starting; jobs queue meanwhile
-            try:
+        if self.continuous and self._streams is not None:  # measured while the server finishes
+            try:  # starting; jobs queue meanwhile
                 log.info("encoder parts' slack: %d positions", self._streams.calibrate())
             except Exception:  # a model that cannot be timed is served in one part
                 log.exception("model worker: measuring the encoder parts' slack")
@@ -154,7 +160,7 @@ class Batcher:
         active: deque[_Group] = deque()
         stopping = False
         while True:
-            if not active and not self._streams:
+            if not active and not self._streams:  # (None: no translator, no searches)
                 if stopping:
                     break
                 first = self._queue.get()
@@ -191,7 +197,7 @@ class Batcher:
         turns = []
         for job in jobs:
             if self._joins(job):
-                assert job.cfg is not None
+                assert job.cfg is not None and self._streams is not None
                 self._streams.take(job, job.cfg)
             else:
                 turns.append(job)
@@ -274,6 +280,7 @@ class Batcher:
         """Each line's output-length limit (`a * source tokens + b`, within max_tokens and
         max_len): what a turn may cost, not what it will, since a request may forbid EOS
         (min_len) up to the limit. Tokenizing here costs microseconds a line."""
+        assert self.translator is not None  # (translate() refuses jobs without one)
         src = [len(ids) for ids in self.translator.tokenizer.encode_batch(lines)]
         cap = output_cap(cfg, self.translator.model.cfg.max_len)
         limits = max_output_lengths(torch.tensor(src), cfg.max_len_a, cfg.max_len_b, cap)
@@ -306,6 +313,7 @@ class Batcher:
                 now = time.monotonic()
                 return self._aborting or all(group.jobs[j].gone(now) for j in owners)
 
+            assert self.translator is not None
             with stop_when(all_gone):
                 found = self.translator.translate_hyps(
                     lines, group.cfg, batch_tokens=self.batch_tokens, first_line_no=first_line_no

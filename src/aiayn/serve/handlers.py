@@ -11,6 +11,7 @@ import hmac
 import json
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,36 +81,21 @@ def _hypothesis(t: Translation) -> dict[str, Any]:
 EXPLAIN_SEARCH = ("alpha", "length_penalty", "min_len", "sample", "temperature", "top_p", "seed")
 
 
-class Server:
-    """The state the endpoints share: the translator, its batcher, options and metrics."""
+class BaseServer:
+    """What every server shares, whatever its model: options, limits, the model worker, metrics,
+    the Host and key checks, and `run` (a job for the worker, answered or abandoned)."""
 
-    def __init__(
-        self, translator: Translator, model_dir: Path | ModelDir, opts: ServeOptions
-    ) -> None:
-        opened = open_model_dir(model_dir)
-        self.translator, self.model_dir, self.opts = translator, opened.path, opts
-        self.limits = opts.limits
-        self.engine = opened.engine  # None: aiayn's own model, which can be traced
-        # An export records no training files: its languages and examples are its source's.
-        source = opened.source
-        model_dir = opened.path
-        self.languages: tuple[str, str] | None = model_languages(model_dir) or model_languages(
-            source
-        )
-        if opts.source_lang and opts.target_lang:
-            self.languages = (opts.source_lang, opts.target_lang)
-        self.examples = example_sentences(model_dir, opts.examples) or example_sentences(
-            source, None
-        )
-        cfg = translator.model.cfg
-        if self.limits.max_beam > cfg.vocab_size:  # a request could ask for more beams than tokens
+    kind: str  # "translator" or "language_model": what /health and /v1/model say
+
+    def __init__(self, translator: Translator | None, opts: ServeOptions, vocab_size: int) -> None:
+        self.opts, self.limits = opts, opts.limits
+        if self.limits.max_beam > vocab_size:  # a request could ask for more beams than tokens
             raise AiaynError(
                 f"--max-beam {self.limits.max_beam} exceeds the model's vocabulary "
-                f"of {cfg.vocab_size} tokens"
+                f"of {vocab_size} tokens"
             )
         if self.limits.max_beam > MAX_ROWS:  # nor more beams or samples than a search takes
             raise AiaynError(f"--max-beam {self.limits.max_beam} is more than {MAX_ROWS:,}")
-        self.models = request_models(self.limits, self.languages, cfg.n_layers, cfg.n_heads)
         self.batcher = Batcher(
             translator,
             window_s=opts.window_ms / 1000,
@@ -124,6 +110,10 @@ class Server:
         self.accepted = self.answered = 0  # counted by `Accounting`
         self.max_body = self.limits.max_body_bytes
         self.allowed_hosts = allowed_hosts(opts.host, opts.allowed_hosts)
+
+    def model_info(self) -> dict[str, Any]:
+        """What GET /v1/model says: the model, its settings, the server's limits."""
+        raise NotImplementedError
 
     # --- per request ----------------------------------------------------------------------------
 
@@ -191,7 +181,7 @@ class Server:
             gone.cancel()
             job.cancel()  # a no-op once answered; else the worker drops what is left
 
-    def _result(self, waiting: asyncio.Future) -> Any:
+    def _result(self, waiting: asyncio.Future | Future) -> Any:
         try:
             return waiting.result()
         except ExpiredError as e:
@@ -201,6 +191,34 @@ class Server:
             raise ApiError(413, f"{e} (--max-trace-numbers)") from None
         except AiaynError as e:
             raise ApiError(422, str(e)) from None
+
+
+class Server(BaseServer):
+    """The state the translation endpoints share: the translator, its batcher, options and
+    metrics."""
+
+    kind = "translator"
+
+    def __init__(
+        self, translator: Translator, model_dir: Path | ModelDir, opts: ServeOptions
+    ) -> None:
+        opened = open_model_dir(model_dir)
+        super().__init__(translator, opts, translator.model.cfg.vocab_size)
+        self.translator, self.model_dir = translator, opened.path
+        self.engine = opened.engine  # None: aiayn's own model, which can be traced
+        # An export records no training files: its languages and examples are its source's.
+        source = opened.source
+        model_dir = opened.path
+        self.languages: tuple[str, str] | None = model_languages(model_dir) or model_languages(
+            source
+        )
+        if opts.source_lang and opts.target_lang:
+            self.languages = (opts.source_lang, opts.target_lang)
+        self.examples = example_sentences(model_dir, opts.examples) or example_sentences(
+            source, None
+        )
+        cfg = translator.model.cfg
+        self.models = request_models(self.limits, self.languages, cfg.n_layers, cfg.n_heads)
 
     def translate(self, request: Request, lines: list[str], cfg: DecodeConfig) -> Awaitable[Any]:
         timeout = self.limits.timeout_s
@@ -353,6 +371,7 @@ class Server:
         return {
             "name": self.model_dir.resolve().name,
             "aiayn": __version__,
+            "kind": self.kind,
             "languages": {"source": langs[0], "target": langs[1]} if langs else None,
             "engine": self.engine or "aiayn",
             "traceable": self.engine is None,

@@ -13,6 +13,7 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from aiayn.errors import AiaynError
+from aiayn.generate.generator import Generator
 from aiayn.runtime.gc_pauses import freeze_startup
 from aiayn.serve.app import create_app
 from aiayn.serve.handlers import ServeOptions
@@ -22,11 +23,14 @@ from aiayn.translate.translator import Translator
 log = logging.getLogger(__name__)
 
 
-def load_any(opened: ModelDir, device: str, dtype: str, threads: int) -> Translator:
+def load_any(opened: ModelDir, device: str, dtype: str, threads: int) -> Translator | Generator:
     """The translator of an aiayn model directory, or of an `aiayn export` directory
-    (CTranslate2 or ONNX Runtime: the same API, the engine's own search; nothing to trace)."""
+    (CTranslate2 or ONNX Runtime: the same API, the engine's own search; nothing to trace), or
+    the generator of a language model's directory (a DecoderLM: served at /v1/generate)."""
     from aiayn.interop.engines import load_translator
 
+    if not opened.is_export and opened.architecture == "DecoderLM":
+        return Generator.load(opened, device=device, dtype=dtype)
     if opened.is_export:
         return load_translator(opened, device=device, dtype=dtype, threads=threads)
     return Translator.load(opened, device=device, dtype=dtype)
@@ -83,9 +87,9 @@ def serve(
     app = None
     try:
         opened = ModelDir.open(model_dir)  # the one reading of the directory's description
-        translator = load_any(opened, device, dtype, threads)
-        app = create_app(translator, opened, opts)
-        return _run(app, sock, model_dir, translator.device, opts, announce)
+        model = load_any(opened, device, dtype, threads)
+        app = create_app(model, opened, opts)
+        return _run(app, sock, model_dir, model.device, opts, announce)
     finally:
         sock.close()
         if app is not None:  # the worker stops (done already after a drain: the app's lifespan)

@@ -124,6 +124,8 @@ def language_name(code: str) -> str:
 
 # --- request bodies -------------------------------------------------------------------------------
 
+Key = Annotated[str | None, Field(description="the API key (or 'Authorization: Bearer')")]
+
 
 def _encodable(text: str) -> str:
     """JSON can carry lone surrogates ("\\ud800") that no UTF-8 text can hold."""
@@ -210,6 +212,26 @@ class HealthResponse(BaseModel):
     status: Literal["ok"]
     queued: int
     in_flight: int
+    kind: Literal["translator", "language_model"] = Field(
+        description="the model served: a translator (/v1/translate) or a language model "
+        "(/v1/generate)"
+    )
+
+
+class Completion(BaseModel):
+    text: str = Field(description="the new text (the prompt not included)")
+    tokens: list[int] = Field(description="its token ids, without EOS")
+    log_prob: float = Field(description="sum of the tokens' log-probabilities (EOS included)")
+    prompt_tokens: int = Field(description="prompt tokens the model saw, BOS included")
+    finish_reason: Literal["eos", "length"] = Field(
+        description="'eos': the model ended it; 'length': it reached max_tokens"
+    )
+
+
+class V1GenerateResponse(BaseModel):
+    completions: list[list[Completion]] = Field(description="per prompt, its completions")
+    model: str = Field(description="the model directory's name")
+    settings: dict[str, Any] = Field(description="the search settings used (DecodeConfig)")
 
 
 @dataclass(frozen=True)
@@ -231,7 +253,6 @@ def request_models(
     Lines = Annotated[list[Sentence], Field(min_length=1, max_length=limits.max_sentences)]
     BeamSize = _int(1, limits.max_beam)
     Tokens = _int(0, limits.max_output_tokens)
-    Key = Annotated[str | None, Field(description="the API key (or 'Authorization: Bearer')")]
     # A form field is a string or absent, never null: the form models' optional fields are
     # typed without None (their default is None), so their schema offers no null to send.
     FormKey = Annotated[str, Field(description="the API key (or 'Authorization: Bearer')")]
@@ -312,13 +333,45 @@ def request_models(
     return RequestModels(LibreTranslateRequest, DetectRequest, V1TranslateRequest, V1ExplainRequest)
 
 
+def generate_model(limits: Limits) -> type[StrictBody]:
+    """The body of /v1/generate (a language model's server), bounded by this server's limits."""
+    Prompt = _text(limits.max_chars_per_sentence)  # "" too: the model writes from nothing
+    Many = Annotated[list[Prompt], Field(min_length=1, max_length=limits.max_sentences)]
+    Rows = _int(1, limits.max_beam)
+
+    class V1GenerateRequest(StrictBody):
+        """A language model continues each prompt. Unset fields take the model's saved
+        settings (sampling at temperature 1 if it saved none); `sample: false` searches (a
+        beam of 1: greedy), as does a `beam` without `sample`. `num_samples`: completions per
+        prompt (samples, or a beam's best, widening the beam to them); `stream`: server-sent
+        events, one per piece of new text as it is produced (not for a beam), then `done`."""
+
+        prompt: Prompt | Many
+        max_tokens: _int(1, limits.max_output_tokens) | None = None
+        sample: bool | None = None
+        beam: Rows | None = None
+        num_samples: Rows | None = None
+        temperature: Annotated[float, Field(gt=0, le=100)] | None = None
+        top_k: _int(0, 1_000_000) | None = None
+        top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+        seed: _int(0, 2**53 - 1) | None = None
+        min_len: _int(0, limits.max_output_tokens) | None = None
+        alpha: Annotated[float, Field(ge=0, le=MAX_ALPHA)] | None = None
+        length_penalty: Literal["gnmt", "power"] | None = None
+        stream: bool = False
+        api_key: Key = None
+
+    return V1GenerateRequest
+
+
 def validation_message(errors: list[Any]) -> str:
     """pydantic's first error as one line: `'beam': Input should be ... (got 9)`."""
     if not errors:
         return "invalid request"
     first = errors[0]
-    union = len(errors) > 1 and all(_field(e) == "q" for e in errors)
-    if union and first.get("type") != "missing":  # q's union: every branch failed
+    many = _field(first) in ("q", "prompt")  # a string or a list of them
+    union = many and len(errors) > 1 and all(_field(e) == _field(first) for e in errors)
+    if union and first.get("type") != "missing":  # the union: every branch failed
         value = first.get("input")
         if not isinstance(value, str | list):
             return f"'{_field(first)}': must be a string or a list of strings (got {_shown(first)})"
