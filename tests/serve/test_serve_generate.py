@@ -23,8 +23,6 @@ from aiayn.nn.variants import DecoderLM
 from aiayn.store.model_dir import save_model_dir
 from aiayn.text.charset import CharTokenizer
 
-from .test_serve_fuzz import fuzz
-
 TEXT = "ROMEO: But soft, what light through yonder window breaks? JULIET: Ay me! 0123456789"
 PROMPTS = ["ROMEO:", "JULIET: Ay", ""]  # "": from BOS alone
 LOG_PROB_TOL = 1e-4  # summed over a completion, in another process: fp32 rounding
@@ -296,6 +294,9 @@ def test_a_stream_past_its_timeout_ends_with_an_error_event(lm_dir):
 
 
 def test_schemathesis_finds_nothing_on_an_lm_server(lm_dir, tmp_path):
+    # imported here: the module skips itself without schemathesis, which would skip this one
+    from .test_serve_fuzz import fuzz
+
     result = fuzz(lm_dir, tmp_path, 8, "--max-beam", "4")
     assert result["operations"]["tested"] == 4  # /health, /v1/model, /v1/explain/seed, generate
     assert result["test_cases"]["with_failures"] == 0 and not result["errors"]
