@@ -64,6 +64,7 @@ _EXPRESSIBLE: dict[str, tuple[Any, ...] | None] = {  # None: any value
     "activation": ("relu", "swish"),
     "positional_layout": ("interleaved", "halves"),
     "logits_bias": (False, True),
+    "scale_embeddings": (False, True),
     "pad_id": None,
     "bos_id": None,
     "eos_id": None,
@@ -141,7 +142,7 @@ def _norm(spec: Any, norm: torch.nn.LayerNorm) -> None:
 def _embeddings(side: Any, emb_spec: Any, model: Transformer, source: bool) -> None:
     embed = model.src_embed if source else model.tgt_embed
     emb_spec.weight = _np(embed.tokens.weight)
-    side.scale_embeddings = True  # x sqrt(d_model), §3.4
+    side.scale_embeddings = model.cfg.scale_embeddings  # x sqrt(d_model), §3.4
     table = embed.learned.weight if embed.learned is not None else embed.pe
     side.position_encodings.encodings = _np(table)  # (max_len, D), aiayn's layout
 
