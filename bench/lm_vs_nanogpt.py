@@ -20,6 +20,7 @@ log is docs/lab/lm.md. `--aiayn-only` runs aiayn's side alone (the test's quick 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -170,7 +171,8 @@ def nanogpt_full_valid(nanogpt: Path, out_dir: Path, threads: int) -> dict | Non
     finally:
         sys.path.pop(0)
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-    model = GPT(GPTConfig(**ckpt["model_args"]))
+    with contextlib.redirect_stdout(sys.stderr):  # its "number of parameters" line
+        model = GPT(GPTConfig(**ckpt["model_args"]))
     state = {k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()}
     model.load_state_dict(state)
     model.eval()
@@ -224,13 +226,14 @@ def main() -> None:
     ap.add_argument("--valid-every", type=int, default=250, help="aiayn's train.valid_every")
     ap.add_argument("--no-pin", action="store_true", help="don't pin each side to its own CPUs")
     ap.add_argument("--aiayn-only", action="store_true", help="run aiayn's side alone")
+    ap.add_argument("--report-only", action="store_true",
+                    help="train nothing: report the runs already in --out")  # fmt: skip
     args = ap.parse_args()
 
     text, out = args.text.resolve(), args.out.resolve()
     if not text.exists():
         sys.exit(f"no {text}: the tiny Shakespeare text is needed")
     out.mkdir(parents=True, exist_ok=True)
-    nano_dir, aiayn_dir = out / "nanogpt", out / "aiayn"
     env = thread_env(args.threads)
     cpus = sorted(os.sched_getaffinity(0))
     pins: list[set[int] | None] = [None, None]
@@ -238,10 +241,18 @@ def main() -> None:
         pins = [set(cpus[: args.threads]), set(cpus[args.threads : 2 * args.threads])]
 
     nanogpt = args.nanogpt.resolve()
-    if not args.aiayn_only:
+    if not args.aiayn_only and not args.report_only:
         prepare_nanogpt(nanogpt, text)
-    procs = {}
     started = time.time()
+    wall = {}
+    if not args.report_only:
+        wall = run_both(args, out, text, nanogpt, env, pins, started)
+    report_runs(args, out, nanogpt, pins, wall)
+
+
+def run_both(args, out, text, nanogpt, env, pins, started) -> dict:
+    procs = {}
+    nano_dir, aiayn_dir = out / "nanogpt", out / "aiayn"
     a_log = open(out / "aiayn.log", "w")  # noqa: SIM115
     a_cmd = aiayn_cmd(args.steps, aiayn_dir, text, args.threads, args.aiayn_dtype,
                       args.valid_every)  # fmt: skip
@@ -259,7 +270,10 @@ def main() -> None:
         wall[name] = round(time.time() - started, 1)
         if rc:
             sys.exit(f"{name} failed ({rc}); see {out / (name + '.log')}")
+    return wall
 
+
+def report_runs(args, out, nanogpt, pins, wall) -> None:
     import torch
 
     report: dict = {
@@ -273,6 +287,7 @@ def main() -> None:
         "aiayn_dtype": args.aiayn_dtype,
         "wall_s": wall,
     }
+    nano_dir, aiayn_dir = out / "nanogpt", out / "aiayn"
     report["aiayn"] = parse_aiayn(aiayn_dir)
     if not args.aiayn_only:
         nano = parse_nanogpt((out / "nanogpt.log").read_text())
