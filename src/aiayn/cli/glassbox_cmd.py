@@ -103,7 +103,7 @@ def run_explain(args: argparse.Namespace) -> int:
         report = seed_example_text()
         if args.format == "json":
             report = json.dumps(seed_example_json(), ensure_ascii=False, allow_nan=False) + "\n"
-    elif args.model is not None and _architecture(args.model) == "DecoderLM":
+    elif args.model is not None and _architecture(args.model, args.device) == "DecoderLM":
         report = _explain_lm(args)
     else:
         if args.prompt is not None:
@@ -163,12 +163,14 @@ def run_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _architecture(model_dir: Path) -> str:
+def _architecture(model_dir: Path, device: str) -> str:
     """The architecture a model directory holds ("" for an export or an old directory)."""
+    from aiayn.runtime.device import resolve_device
     from aiayn.store.directory import ModelDir, is_export_dir
 
     if is_export_dir(model_dir):
         return ""
+    resolve_device(device)  # a missing device is said before any file is read
     return ModelDir.open(model_dir).architecture
 
 
