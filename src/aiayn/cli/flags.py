@@ -122,6 +122,7 @@ def decode_setup(args: argparse.Namespace) -> tuple[Translator, DecodeConfig]:
 
     from aiayn.config import check_decode_config
     from aiayn.interop.engines import load_translator
+    from aiayn.nn.model import Transformer
     from aiayn.runtime.device import resolve_device, set_threads
     from aiayn.store.directory import ModelDir, is_export_dir
     from aiayn.translate.translator import Translator
@@ -130,11 +131,8 @@ def decode_setup(args: argparse.Namespace) -> tuple[Translator, DecodeConfig]:
     if not is_export_dir(args.model):  # a missing device is said before any file is read
         resolve_device(args.device)
     opened = ModelDir.open(args.model)  # the one reading of the directory's description
-    if opened.architecture == "DecoderLM":
-        raise AiaynError(
-            f"{args.model} holds a language model: `aiayn generate` continues text with it, "
-            "`aiayn evaluate --text` scores it"
-        )
+    if not opened.is_export:
+        opened.require(Transformer)  # a language model: say which commands take it
     cfg = dataclasses.replace(opened.decode, **given)
     check_decode_config(cfg)
     if args.batch_tokens < 1:

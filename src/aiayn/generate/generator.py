@@ -27,11 +27,11 @@ import torch
 from aiayn.config import DecodeConfig, check_decode_config
 from aiayn.errors import ConfigError
 from aiayn.nn.variants import DecoderLM
-from aiayn.runtime.device import Precision, choose_precision, resolve_device
+from aiayn.runtime.device import Precision, choose_precision
 from aiayn.search.decode import search
 from aiayn.search.sampling import sample_seed
 from aiayn.search.step_view import StepView
-from aiayn.store.directory import ModelDir, open_model_dir
+from aiayn.store.directory import ModelDir, load_for_decoding
 from aiayn.text.batches import pad_rows
 from aiayn.text.tokenizer import Tokenizer
 
@@ -89,16 +89,7 @@ class Generator:
     ) -> Generator:
         """From a model directory (`aiayn train --config lm`, `aiayn import gpt2`); without
         `cfg`, the search settings saved with it, else `LM_DEFAULTS`."""
-        where = resolve_device(device) if isinstance(device, str) else device
-        precision = choose_precision(dtype, where, "dtype", decoding=True)
-        opened = open_model_dir(directory)
-        if opened.architecture and opened.architecture != "DecoderLM":
-            raise ConfigError(
-                f"{opened.path} holds a {opened.architecture}, not a language model "
-                "(a DecoderLM): generate needs one (aiayn train --config lm)"
-            )
-        model = opened.load_model(DecoderLM, where)
-        precision.apply()
+        opened, model, precision = load_for_decoding(directory, DecoderLM, device, dtype)
         saved = opened.decode if (opened.path / "run_config.json").is_file() else None
         return cls(model, opened.tokenizer, cfg or saved, precision)
 

@@ -16,11 +16,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from aiayn.errors import ConfigError
 from aiayn.nn.variants import DecoderLM
-from aiayn.runtime.device import Precision, choose_precision, resolve_device, set_threads
+from aiayn.runtime.device import Precision, set_threads
 from aiayn.runtime.distributed import Dist, all_sum
-from aiayn.store.directory import ModelDir
+from aiayn.store.directory import load_for_decoding
 from aiayn.text.lm_data import NOT_SCORED, eval_windows, read_text, token_stream, window_batch
 
 
@@ -34,17 +33,8 @@ def score_text(
 ) -> dict[str, Any]:
     """{nats_per_token, perplexity, bits_per_char, bits_per_byte, tokens, chars, bytes}."""
     text = read_text(Path(text_path))  # checked before the model loads
-    where = resolve_device(device)
-    opened = ModelDir.open(model_dir)
-    if opened.architecture != "DecoderLM":
-        raise ConfigError(
-            f"{opened.path} holds a {opened.architecture or 'model'}, not a language model: "
-            "--text scores a language model (translators: --src and --ref)"
-        )
     set_threads(threads)
-    precision = choose_precision(dtype, where, "dtype", decoding=True)
-    model = opened.load_model(DecoderLM, where)
-    precision.apply()
+    opened, model, precision = load_for_decoding(model_dir, DecoderLM, device, dtype)
     stream = token_stream(opened.tokenizer, [text])
     nll, n = score_windows(model, stream, model.cfg.max_len, precision)
     bits = nll / math.log(2)

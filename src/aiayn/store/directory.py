@@ -27,6 +27,7 @@ from aiayn.config import DecodeConfig, ModelConfig, check_decode_config
 from aiayn.config_files import RUN_CONFIG_FILE, from_dict, read_run_config
 from aiayn.errors import CheckpointError
 from aiayn.nn.model import _ModelBase
+from aiayn.runtime.device import Precision, choose_precision, resolve_device
 from aiayn.store.model_dir import EXPORT_FILE, build_model, model_config_of, read_model_meta
 from aiayn.text.tokenizer import Tokenizer
 
@@ -136,10 +137,45 @@ class ModelDir:
                 f"{self.path} was written by aiayn export (translate, evaluate and serve run "
                 "it); give the aiayn model directory it came from"
             )
+        self.require(expect)
         model = build_model(self.path, self.meta, self.model_cfg, map_location, expect)
         return cast(M, model)  # build_model checked it is an `expect`
+
+    def require(self, expect: type[_ModelBase]) -> None:
+        """Raise a one-line CheckpointError, saying what to do with it, unless the directory
+        holds an `expect` (or says nothing of its architecture: build_model then checks)."""
+        have, want = self.architecture, expect.__name__
+        if have and want in KIND_USE and have != want:
+            raise CheckpointError(
+                f"{self.path} holds {KIND_USE.get(have, f'a {have}')}, not "
+                f"{KIND_USE[want].split(':')[0]}"
+            )
+
+
+# What each kind of model is, and the commands that take it (`ModelDir.require`'s message).
+KIND_USE = {
+    "Transformer": "a translator: aiayn translate, aiayn evaluate --src/--ref",
+    "DecoderLM": "a language model: aiayn generate, aiayn evaluate --text",
+    "EncoderClassifier": "a classifier",
+}
 
 
 def open_model_dir(directory: str | Path | ModelDir) -> ModelDir:
     """`ModelDir.open(directory)`, or the ModelDir itself: what every loader accepts."""
     return directory if isinstance(directory, ModelDir) else ModelDir.open(directory)
+
+
+def load_for_decoding(
+    directory: str | Path | ModelDir,
+    expect: type[M],
+    device: str | torch.device = "auto",
+    dtype: str = "auto",
+) -> tuple[ModelDir, M, Precision]:
+    """A model to decode with: the directory opened, the device resolved (a missing one said
+    before any file is read), the decoding precision chosen and applied, the weights on it."""
+    where = resolve_device(device) if isinstance(device, str) else device
+    precision = choose_precision(dtype, where, "dtype", decoding=True)
+    opened = open_model_dir(directory)
+    model = opened.load_model(expect, where)
+    precision.apply()
+    return opened, model, precision

@@ -22,11 +22,11 @@ import torch
 from aiayn.config import MAX_ROWS, DecodeConfig, check_decode_config, search_rows
 from aiayn.errors import DataError
 from aiayn.nn.model import Transformer
-from aiayn.runtime.device import Precision, choose_precision, resolve_device
+from aiayn.runtime.device import Precision, choose_precision
 from aiayn.search.decode import search
 from aiayn.search.hypothesis import Hypothesis
 from aiayn.search.sampling import sample_seed
-from aiayn.store.directory import ModelDir, open_model_dir
+from aiayn.store.directory import ModelDir, load_for_decoding
 from aiayn.text.batches import cut_batches, pad_rows
 from aiayn.text.corpus import source_text
 from aiayn.text.tokenizer import Tokenizer
@@ -106,11 +106,7 @@ class Translator:
         `device` is auto | cpu | cuda | cuda:N | mps (auto: a GPU if there is one); `dtype`
         auto | fp32 | bf16 (auto: bf16 autocast on a GPU with native bf16, else fp32).
         """
-        where = resolve_device(device) if isinstance(device, str) else device
-        precision = choose_precision(dtype, where, "dtype", decoding=True)
-        opened = open_model_dir(directory)
-        model = opened.load_model(Transformer, where)
-        precision.apply()
+        opened, model, precision = load_for_decoding(directory, Transformer, device, dtype)
         return cls(model, opened.tokenizer, cfg or opened.decode, precision)
 
     def settings(self, beam: int | None = None, **overrides: object) -> DecodeConfig:
