@@ -145,18 +145,18 @@ class ModelDir:
         """Raise a one-line CheckpointError, saying what to do with it, unless the directory
         holds an `expect` (or says nothing of its architecture: build_model then checks)."""
         have, want = self.architecture, expect.__name__
-        if have and want in KIND_USE and have != want:
+        if have and want in KINDS and have != want:
+            what, use = KINDS.get(have, (f"a {have}", ""))
             raise CheckpointError(
-                f"{self.path} holds {KIND_USE.get(have, f'a {have}')}, not "
-                f"{KIND_USE[want].split(':')[0]}"
+                f"{self.path} holds {what}, not {KINDS[want][0]}" + (f" ({use})" if use else "")
             )
 
 
 # What each kind of model is, and the commands that take it (`ModelDir.require`'s message).
-KIND_USE = {
-    "Transformer": "a translator: aiayn translate, aiayn evaluate --src/--ref",
-    "DecoderLM": "a language model: aiayn generate, aiayn evaluate --text",
-    "EncoderClassifier": "a classifier",
+KINDS = {
+    "Transformer": ("a translator", "aiayn translate, aiayn evaluate --src/--ref"),
+    "DecoderLM": ("a language model", "aiayn generate, aiayn evaluate --text"),
+    "EncoderClassifier": ("a classifier", ""),
 }
 
 
