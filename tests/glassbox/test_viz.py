@@ -175,7 +175,7 @@ def other_models(model_dir, tmp_path_factory):
 def test_encoder_only_and_decoder_only_models(other_models):
     lm, tok = load_model_dir(other_models["lm"]), Tokenizer.load(other_models["lm"])
     (ex,) = attention_for_model(lm, tok, [SENTENCES[0]])
-    ids = tok.encode(SENTENCES[0], bos=True)
+    ids = tok.encode(SENTENCES[0], bos=True, eos=False)  # a prompt, as generate feeds it
     assert list(ex.maps) == ["lm_self"] and ex.src == tok.pieces(ids) and ex.out == []
     with torch.no_grad(), tracing() as trace:
         lm(torch.tensor([ids]))  # the model's own maps
@@ -189,11 +189,11 @@ def test_encoder_only_and_decoder_only_models(other_models):
     assert list(a.maps) == ["enc_self"] and a.maps["enc_self"][0].shape[-1] == len(a.src)
     torch.testing.assert_close(b.maps["enc_self"][1].sum(-1), torch.ones(2, len(b.src)))
     assert sorted(attention_figures(a)) == ["average.png", "enc_self.png"]
-    # an input past the positional table is cut as a translation's source is (it was the
+    # an input past the positional table keeps its last tokens, as a prompt does (it was the
     # model's ValueError, a traceback from `aiayn attend`)
     short = DecoderLM(dataclasses.replace(lm.cfg, max_len=6))
     (cut,) = attention_for_model(short, tok, [SENTENCES[2]])
-    assert len(cut.src) == 6 and cut.src[-1] == tok.pieces([tok.eos_id])[0]
+    assert cut.src == tok.pieces(tok.encode(SENTENCES[2], eos=False)[-6:])
     assert cut.maps["lm_self"][0].shape == (lm.cfg.n_heads, 6, 6)
 
 

@@ -176,17 +176,21 @@ def attention_for_inputs(
     kind = "enc_self" if isinstance(model, EncoderClassifier) else "lm_self"
     _check_count(sentences)
     limit = model.cfg.max_len
-    ids = [tok.encode(source_text(s), bos=kind == "lm_self") for s in sentences]
-    for i, row in enumerate(ids):  # cut as a translation's source is (explain.source_ids)
+    # A language model reads BOS + the text, no EOS, as `aiayn generate` feeds a prompt, and a
+    # text past its context keeps its end; a classifier's input is cut as a source is.
+    lm = kind == "lm_self"
+    ids = [tok.encode(source_text(s), bos=lm, eos=not lm) for s in sentences]
+    for i, row in enumerate(ids):
         if len(row) > limit:
             log.warning(
-                "sentence %d has %d tokens, more than the model's max_len=%d; drawing its first %d",
+                "sentence %d has %d tokens, more than the model's max_len=%d; drawing its %s %d",
                 i + 1,
                 len(row),
                 limit,
+                "last" if lm else "first",
                 limit,
             )
-            ids[i] = tok.cut(row, limit)
+            ids[i] = row[-limit:] if lm else tok.cut(row, limit)
     _check_numbers([model.cfg.n_layers * model.cfg.n_heads * len(row) ** 2 for row in ids])
     model.eval()
     examples = []
