@@ -115,12 +115,21 @@ def run_data(args: argparse.Namespace) -> int:
 def add_data_check(data_sub: argparse._SubParsersAction) -> None:
     c = data_sub.add_parser(
         "check",
-        help="find what is wrong with a parallel corpus: duplicates, train/valid/test overlap, "
-        "misaligned lines, copies, empty, control characters, over-long lines, wrong script "
-        "(docs/data.md)",
+        help="find what is wrong with a parallel corpus (--src/--tgt: duplicates, train/valid/test "
+        "overlap, misaligned lines, copies, empty, control characters, over-long lines, wrong "
+        "script) or a language model's text (--text: binary, not UTF-8, control characters, "
+        "duplicated lines, validation lines in the training text) (docs/data.md)",
     )
-    c.add_argument("--src", type=Path, required=True, help="training source file, e.g. train.de")
-    c.add_argument("--tgt", type=Path, required=True, help="training target file, e.g. train.en")
+    c.add_argument("--src", type=Path, help="training source file, e.g. train.de")
+    c.add_argument("--tgt", type=Path, help="training target file, e.g. train.en")
+    c.add_argument(
+        "--text",
+        help="a language model's training text instead (train.text: a file, a folder of *.txt, "
+        "or comma-separated files)",
+    )
+    c.add_argument(
+        "--valid-text", help="with --text: its validation text, checked for training lines"
+    )
     for split in ("valid", "test"):
         c.add_argument(f"--{split}-src", type=Path, help=f"{split} source: checked for overlap")
         c.add_argument(f"--{split}-tgt", type=Path, help=f"{split} target")
@@ -140,6 +149,10 @@ def add_data_check(data_sub: argparse._SubParsersAction) -> None:
 def run_data_check(args: argparse.Namespace) -> int:
     from aiayn.text.check import check_corpus, write_clean
 
+    if args.text is not None or args.valid_text is not None:
+        return run_text_check(args)
+    if args.src is None or args.tgt is None:
+        raise AiaynError("give --src and --tgt (a parallel corpus), or --text (a language model's)")
     evals = {}
     for split in ("valid", "test"):
         es, et = getattr(args, f"{split}_src"), getattr(args, f"{split}_tgt")
@@ -175,4 +188,62 @@ def run_data_check(args: argparse.Namespace) -> int:
             f"wrote {written['kept']} pairs ({written['dropped']} dropped) to "
             f"{written['src']} and {written['tgt']}"
         )
+    return 0
+
+
+def run_text_check(args: argparse.Namespace) -> int:
+    """`aiayn data check --text FILE [--valid-text FILE]`: a language model's text."""
+    from aiayn.text.text_check import check_text_corpus
+
+    if args.text is None:
+        raise AiaynError("--valid-text needs --text, the training text it is checked against")
+    parallel = [
+        flag
+        for flag, value in (
+            ("--src", args.src),
+            ("--tgt", args.tgt),
+            ("--valid-src", args.valid_src),
+            ("--valid-tgt", args.valid_tgt),
+            ("--test-src", args.test_src),
+            ("--test-tgt", args.test_tgt),
+            ("--write", args.write),
+        )
+        if value is not None
+    ]
+    if parallel:
+        raise AiaynError(
+            f"--text checks a language model's text: {', '.join(parallel)} is for a parallel corpus"
+        )
+    report = check_text_corpus(args.text, args.valid_text, bar=True)
+    if args.json:
+        print(json.dumps(report.to_json()))
+        return 0
+    size = report.sizes["train"]
+    names = report.files["text"]
+    where = Path(names[0]).name if len(names) == 1 else f"{len(names)} files"
+    print(
+        f"{size['characters']:,} characters ({size['distinct_characters']} distinct), "
+        f"{size['lines']:,} lines, {size['bytes']:,} bytes in {where}: "
+        f"{report.summary()}"
+    )
+    for kind, n in report.counts.items():
+        if n:
+            ex = report.examples[kind][0]
+            at = f" byte {ex['byte']}" if "byte" in ex else ""
+            print(
+                f"  {kind:16} {n:8d}   e.g. {Path(ex['file']).name} line {ex['line']}{at}: "
+                f"{ex['text'][:60]!r}"
+            )
+    if report.most_repeated:
+        shown = ", ".join(f"{r['text'][:40]!r} x{r['count']}" for r in report.most_repeated)
+        print(f"  most repeated: {shown}")
+    if "valid" in report.sizes:
+        v = report.sizes["valid"]
+        unseen = v["unseen_characters"]
+        print(
+            f"validation: {v['characters']:,} characters, {v['lines']:,} lines"
+            + (f", {unseen} characters not in the training text" if unseen else "")
+        )
+    tok = report.tokenizer
+    print(f"tokenizer: {tok['suggested']} ({tok['why']})")
     return 0
