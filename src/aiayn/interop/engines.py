@@ -165,6 +165,10 @@ def load_translator(
     opened = open_model_dir(directory)
     if not opened.is_export:
         raise CheckpointError(f"{opened.path} is not an exported model (no {EXPORT_FILE})")
+    if opened.architecture == "DecoderLM":
+        raise ConfigError(
+            f"{opened.path} holds a language model (DecoderLM): aiayn generate runs it"
+        )
     directory, meta, model_cfg = opened.path, opened.meta, opened.model_cfg
     cfg, tok = cfg or opened.decode, opened.tokenizer
     if meta["engine"] == "onnxruntime":

@@ -35,7 +35,7 @@ import torch
 from aiayn.atomic import atomic_dir
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError, ConfigError
-from aiayn.interop.export_dir import load_source, write_export_meta
+from aiayn.interop.export_dir import load_source, source_architecture, write_export_meta
 from aiayn.nn.model import DecoderLayer, EncoderLayer, Transformer
 from aiayn.text.tokenizer import JointTokenizer, MarianTokenizer, Tokenizer
 
@@ -221,7 +221,10 @@ def export_ctranslate2(model_dir: Path, out: Path, quantization: str = "float32"
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"--quantization {quantization!r}: choose one of {list(QUANTIZATIONS)}")
     ct2 = import_ctranslate2()
+    if source_architecture(model_dir, out) == "DecoderLM":  # a language model: its generator
+        from aiayn.interop.export_lm_ct2 import export_lm_ctranslate2
 
+        return export_lm_ctranslate2(model_dir, out, quantization)
     model, tok, decode = load_source(model_dir, out)
     spec = transformer_spec(model, tok)
     spec.optimize(quantization=quantization)

@@ -18,6 +18,7 @@ from pathlib import Path
 from aiayn.atomic import atomic_write_json, check_new_dir
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.config_files import to_dict
+from aiayn.errors import ConfigError
 from aiayn.nn.model import Transformer
 from aiayn.store.directory import EXPORT_FORMAT, EXPORT_FORMAT_VERSION, ModelDir
 from aiayn.store.model_dir import EXPORT_FILE
@@ -33,6 +34,19 @@ def load_source(model_dir: Path, out: Path) -> tuple[Transformer, Tokenizer, Dec
     return model, source.tokenizer, source.decode
 
 
+def source_architecture(model_dir: Path, out: Path) -> str:
+    """What `model_dir` holds: "Transformer" (a translator) or "DecoderLM" (a language model);
+    anything else is refused in one line. `out` is refused first if it is taken."""
+    check_new_dir(out)
+    arch = ModelDir.open(model_dir).architecture or "Transformer"
+    if arch not in ("Transformer", "DecoderLM"):
+        raise ConfigError(
+            f"{model_dir} holds a {arch}: aiayn export takes a Transformer (a translator) or "
+            "a DecoderLM (a language model)"
+        )
+    return arch
+
+
 def write_export_meta(
     directory: Path,
     *,
@@ -43,6 +57,7 @@ def write_export_meta(
     source: Path,
     files: dict[str, str],
     versions: dict[str, str],
+    architecture: str = "Transformer",
 ) -> None:
     """Write `aiayn_export.json` into `directory` (the staged export)."""
     atomic_write_json(
@@ -52,7 +67,7 @@ def write_export_meta(
             "format_version": EXPORT_FORMAT_VERSION,
             "engine": engine,
             "quantization": quantization,
-            "architecture": "Transformer",
+            "architecture": architecture,  # "Transformer", or "DecoderLM" (export_lm)
             "model": to_dict(model_cfg),
             "decode": to_dict(decode),
             "source_model": str(source),

@@ -1,0 +1,213 @@
+"""Export a decoder-only language model (`DecoderLM`) to CTranslate2's generator, and run it
+greedily behind aiayn's `Generator` (docs/export.md, "A language model").
+
+CTranslate2's `TransformerDecoderModelSpec` (the spec its GPT-2 converter builds) is the
+translator's decoder without cross-attention, and `DecoderLM` is exactly that: its layers map
+as the translator's encoder layers do (`aiayn.interop.export_ct2`), with every `ModelConfig`
+option the translator's spec takes (post-LN or pre-LN with its final LayerNorm, learned or
+sinusoidal positions written out, scaled or unscaled embeddings, a logits bias) and also GELU
+(exact or GPT-2's tanh form). The prompt is BOS + the prompt's pieces, as aiayn's.
+
+Only greedy search is offered: CTranslate2's sampling draws from its own random streams (not
+aiayn's per-row seeds), and its beam search ranks by another length penalty (engines.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from aiayn.atomic import atomic_dir
+from aiayn.config import DecodeConfig, ModelConfig, check_decode_config
+from aiayn.errors import CheckpointError, ConfigError
+from aiayn.generate.generator import LM_DEFAULTS, Generation, Generator, OnToken
+from aiayn.interop.export_ct2 import (
+    QUANTIZATIONS,
+    _encoder_layer,
+    _linear,
+    _norm,
+    _np,
+    _unk_token,
+    check_expressible,
+    import_ctranslate2,
+    vocabulary,
+)
+from aiayn.interop.export_dir import write_export_meta
+from aiayn.interop.export_lm import ARCHITECTURE, load_lm_source
+from aiayn.nn.variants import DecoderLM
+from aiayn.runtime.device import choose_precision
+from aiayn.store.directory import ModelDir
+from aiayn.text.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from ctranslate2.specs import TransformerDecoderModelSpec
+
+
+def decoder_lm_spec(model: DecoderLM, tok: Tokenizer) -> TransformerDecoderModelSpec:
+    """The CTranslate2 spec of `model`, every variable set, vocabulary registered, validated."""
+    ct2 = import_ctranslate2()
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    cfg = model.cfg
+    Act = common_spec.Activation
+    activations = {
+        "relu": Act.RELU,
+        "swish": Act.SWISH,
+        "gelu": Act.GELU,
+        "gelu_tanh": Act.GELUTanh,
+    }
+    if cfg.activation not in activations:
+        check_expressible(cfg)  # names the activation
+    check_expressible(dataclasses.replace(cfg, activation="relu"))  # every other option
+    vocab = vocabulary(tok, cfg)
+    spec = transformer_spec.TransformerDecoderModelSpec.from_config(
+        cfg.n_layers, cfg.n_heads, pre_norm=cfg.norm_first, activation=activations[cfg.activation]
+    )
+    decoder, embed = spec.decoder, model.embed
+    decoder.scale_embeddings = cfg.scale_embeddings  # x sqrt(d_model), §3.4
+    decoder.embeddings.weight = _np(embed.tokens.weight)
+    table = embed.learned.weight if embed.learned is not None else embed.pe
+    decoder.position_encodings.encodings = _np(table)  # (max_len, D), aiayn's own table
+    for layer_spec, layer in zip(decoder.layer, model.decoder.layers, strict=True):
+        _encoder_layer(layer_spec, layer)  # type: ignore[arg-type]  # ModuleList items
+    if cfg.norm_first:  # pre-LN: the final LayerNorm
+        assert model.decoder.norm is not None
+        _norm(decoder.layer_norm, model.decoder.norm)
+    _linear(decoder.projection, model.generator.weight, model.generator.bias)
+    spec.register_vocabulary(vocab)
+    spec.config.layer_norm_epsilon = cfg.layer_norm_eps
+    spec.config.bos_token = vocab[cfg.bos_id]
+    spec.config.eos_token = vocab[cfg.eos_id]
+    try:
+        spec.config.unk_token = _unk_token(tok, vocab)
+    except ConfigError:  # no unknown token (a byte-level vocabulary): the prompts are ids
+        spec.config.unk_token = vocab[cfg.pad_id]
+    try:
+        spec.validate()
+    except ValueError as e:  # a variable left unset: a bug here, said in one line
+        raise ConfigError(f"CTranslate2 {ct2.__version__} rejected the spec: {e}") from None
+    return spec
+
+
+def export_lm_ctranslate2(model_dir: Path, out: Path, quantization: str = "float32") -> Path:
+    """`aiayn export ctranslate2` of a DecoderLM: CTranslate2's model.bin, config.json and
+    vocabulary.json, the tokenizer and aiayn_export.json."""
+    if quantization not in QUANTIZATIONS:
+        raise ConfigError(f"--quantization {quantization!r}: choose one of {list(QUANTIZATIONS)}")
+    ct2 = import_ctranslate2()
+    model, tok, decode = load_lm_source(model_dir, out)
+    spec = decoder_lm_spec(model, tok)
+    spec.optimize(quantization=quantization)
+    with atomic_dir(out) as tmp:
+        spec.save(str(tmp))
+        tok.save(tmp)
+        write_export_meta(
+            tmp,
+            engine="ctranslate2",
+            quantization=quantization,
+            model_cfg=model.cfg,
+            decode=decode,
+            source=model_dir,
+            files={"model": "model.bin"},
+            versions={"ctranslate2": ct2.__version__},
+            architecture=ARCHITECTURE,
+        )
+    return out
+
+
+# --- running it ---------------------------------------------------------------------------------
+
+
+class Ct2LM:
+    """A CTranslate2 `Generator` with the aiayn model config and vocabulary it was built from."""
+
+    training = False
+
+    def __init__(self, engine: Any, cfg: ModelConfig, vocab: list[str]) -> None:
+        self.engine, self.cfg, self.vocab = engine, cfg, vocab
+        self.index = {piece: i for i, piece in enumerate(vocab)}
+        # aiayn never emits PAD or BOS (aiayn.search.step.forbid); CTranslate2 must not either.
+        self.suppress = [[vocab[cfg.pad_id]], [vocab[cfg.bos_id]]]
+
+    def eval(self) -> Ct2LM:
+        return self
+
+    def greedy(self, starts: list[list[int]], limit: int) -> list[tuple[list[int], float, bool]]:
+        """(tokens, log-probability, ended with EOS) of each start (BOS + prompt ids), with at
+        most `limit` new tokens."""
+        results = self.engine.generate_batch(
+            [[self.vocab[i] for i in ids] for ids in starts],
+            max_length=limit,
+            sampling_topk=1,
+            suppress_sequences=self.suppress,
+            end_token=self.vocab[self.cfg.eos_id],
+            return_end_token=True,
+            include_prompt_in_result=False,
+            return_scores=True,
+            length_penalty=0.0,  # the scores: raw log-probabilities
+        )
+        found = []
+        for result in results:
+            pieces = result.sequences[0]
+            eos = bool(pieces) and pieces[-1] == self.vocab[self.cfg.eos_id]
+            tokens = [self.index[p] for p in (pieces[:-1] if eos else pieces)]
+            found.append((tokens, float(result.scores[0]), eos))
+        return found
+
+
+class Ct2Generator(Generator):
+    """aiayn's `Generator` over CTranslate2: greedy only (module docstring), one call per
+    output-length limit; `on_token` hears each output whole, at its end."""
+
+    def __init__(self, model: Ct2LM, tokenizer: Tokenizer, cfg: DecodeConfig | None = None) -> None:
+        tokenizer.check_fits(model.cfg)
+        self.model, self.tokenizer = model, tokenizer  # type: ignore[assignment]  # the engine
+        self.cfg = cfg or LM_DEFAULTS
+        check_decode_config(self.cfg, model.cfg.vocab_size)
+        self.device = torch.device("cpu")
+        self.precision = choose_precision("fp32", self.device)
+
+    @classmethod
+    def load(  # type: ignore[override]  # an export, not a model directory
+        cls, opened: ModelDir, cfg: DecodeConfig | None = None, threads: int = 0
+    ) -> Ct2Generator:
+        ct2 = import_ctranslate2()
+        try:
+            engine = ct2.Generator(str(opened.path), device="cpu", intra_threads=threads)
+        except (RuntimeError, ValueError) as e:
+            raise CheckpointError(f"CTranslate2 cannot load {opened.path}: {e}") from None
+        tok = opened.tokenizer
+        return cls(Ct2LM(engine, opened.model_cfg, vocabulary(tok, opened.model_cfg)), tok, cfg)
+
+    def _run(
+        self,
+        starts: list[list[int]],
+        seeds: list[int],
+        cfg: DecodeConfig,
+        want: int,
+        on_token: OnToken | None,
+        first_row: int,
+    ) -> list[list[Generation]]:
+        if cfg.sample or cfg.beam_size > 1 or cfg.min_len > 0:
+            raise ConfigError(
+                "the CTranslate2 language model export searches greedily only (--sample, "
+                "--beam and --min-len: generate with the aiayn model directory or an ONNX export)"
+            )
+        model: Ct2LM = self.model  # type: ignore[assignment]
+        # One call per prompt length: CTranslate2 runs the prompts of a call into its cache up
+        # to the shortest, and feeds the rest in its decoding loop, where they count as output.
+        by_length: dict[int, list[int]] = {}
+        for j, ids in enumerate(starts):
+            by_length.setdefault(len(ids), []).append(j)
+        out: list[list[Generation]] = [[] for _ in starts]
+        for length, rows in sorted(by_length.items()):
+            limit = min(want, model.cfg.max_len - length)  # aiayn's: asked for, or max_len
+            found = model.greedy([starts[j] for j in rows], limit)
+            for j, (tokens, log_prob, eos) in zip(rows, found, strict=True):
+                out[j] = [self._generation(tokens, log_prob, eos, starts[j])]
+                if on_token is not None:
+                    on_token(first_row + j, out[j][0].text)
+        return out
