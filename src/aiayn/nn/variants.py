@@ -114,7 +114,8 @@ class DecoderLM(_ModelBase):
         dtype = torch.get_autocast_dtype(like.device.type) if torch.is_autocast_enabled() else None
         k = [like.new_empty(shape, dtype=dtype) for _ in self.decoder.layers]
         v = [like.new_empty(shape, dtype=dtype) for _ in self.decoder.layers]
-        cache = KVCache(k, v, [], [], 0, start_B=start_B)
+        # Rows that all start at column 0 need no mask of the columns they see.
+        cache = KVCache(k, v, [], [], 0, start_B=start_B if bool(start_B.any()) else None)
         if S > 1:
             prefix_BT = ids_BS[:, :-1]
             x_BTD = self.embed(prefix_BT, start=-start_B)  # padding: positions < 0, unseen
