@@ -24,7 +24,7 @@ from aiayn.cli.main import main
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import ConfigError
 from aiayn.nn.model import Transformer
-from aiayn.nn.variants import DecoderLM
+from aiayn.nn.variants import EncoderClassifier
 from aiayn.store.directory import saved_decode_config
 from aiayn.store.model_dir import save_model_dir
 from aiayn.text.batches import pad_rows
@@ -341,9 +341,9 @@ def bad_exports(trained: dict[str, Path], tmp_path: Path) -> list[tuple[list[str
     no_weights = tmp_path / "no_weights"
     no_weights.mkdir()
     (no_weights / "config.json").write_text((src / "config.json").read_text())
-    lm = tmp_path / "lm"
-    save_model_dir(DecoderLM(tiny_cfg(Tokenizer.load(src))), lm)
-    Tokenizer.load(src).save(lm)
+    classifier = tmp_path / "classifier"
+    save_model_dir(EncoderClassifier(tiny_cfg(Tokenizer.load(src)), n_classes=3), classifier)
+    Tokenizer.load(src).save(classifier)
     other_tok = tmp_path / "other_tok"  # a model with another run's (smaller) vocabulary
     save_model_dir(Transformer(tiny_cfg(Tokenizer.load(src))), other_tok)
     Tokenizer.train([s for s, _ in TRAIN[:300]], vocab_size=290).save(other_tok)
@@ -355,10 +355,10 @@ def bad_exports(trained: dict[str, Path], tmp_path: Path) -> list[tuple[list[str
         (["ctranslate2", "--model", str(no_tok), "--out", out], "no tokenizer"),
         (["onnx", "--model", str(no_weights), "--out", out], "missing model.safetensors"),
         (["ctranslate2", "--model", str(tmp_path / "nowhere"), "--out", out], "not found"),
-        (["ctranslate2", "--model", str(lm), "--out", out], "holds a DecoderLM, not a Transformer"),
+        (["ctranslate2", "--model", str(classifier), "--out", out], "holds EncoderClassifier"),
         (["ctranslate2", "--model", str(other_tok), "--out", out], "the tokenizer has"),
         (["onnx", "--model", str(other_tok), "--out", out], "the tokenizer has"),
-        (["onnx", "--model", str(lm), "--out", out], "holds a DecoderLM, not a Transformer"),
+        (["onnx", "--model", str(classifier), "--out", out], "holds EncoderClassifier"),
     ]
 
 

@@ -100,5 +100,14 @@ def run_export(args: argparse.Namespace) -> int:
 
         out = export_onnx(args.model, args.out)
         what = "ONNX (encoder.onnx, decoder.onnx)"
+    from aiayn.store.directory import ModelDir
+
+    if ModelDir.open(out).architecture == "DecoderLM":
+        files = "model.onnx" if args.engine == "onnx" else args.quantization
+        print(
+            f"exported {args.model} (a language model) as {args.engine} ({files}) to {out}; run "
+            f"it from Python: aiayn.interop.export_lm.load_generator({str(out)!r}).generate(...)"
+        )
+        return 0
     print(f"exported {args.model} as {what} to {out}; run it: aiayn translate --model {out}")
     return 0

@@ -41,8 +41,8 @@ def source_architecture(model_dir: Path, out: Path) -> str:
     arch = ModelDir.open(model_dir).architecture or "Transformer"
     if arch not in ("Transformer", "DecoderLM"):
         raise ConfigError(
-            f"{model_dir} holds a {arch}: aiayn export takes a Transformer (a translator) or "
-            "a DecoderLM (a language model)"
+            f"{model_dir} holds {arch}, which aiayn export does not take: it exports a "
+            "Transformer (a translator) or a DecoderLM (a language model)"
         )
     return arch
 
