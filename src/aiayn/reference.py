@@ -11,6 +11,8 @@ the "random transformer" worked by hand (docs/worked_example.md). It reads the w
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from aiayn.config import ModelConfig
@@ -78,10 +80,23 @@ def multi_head_attention(
 
 
 def feed_forward(w: dict[str, Array], prefix: str, x: Array, activation: str = "relu") -> Array:
-    """max(0, x W_1 + b_1) W_2 + b_2 (§3.3); swish: z * sigmoid(z) in place of max(0, z)."""
+    """max(0, x W_1 + b_1) W_2 + b_2 (§3.3), or another activation in place of max(0, z)."""
     z = x @ w[f"{prefix}.w_1.weight"].T + w[f"{prefix}.w_1.bias"]
-    hidden = z / (1.0 + np.exp(-z)) if activation == "swish" else np.maximum(0.0, z)
-    return hidden @ w[f"{prefix}.w_2.weight"].T + w[f"{prefix}.w_2.bias"]
+    return activate(z, activation) @ w[f"{prefix}.w_2.weight"].T + w[f"{prefix}.w_2.bias"]
+
+
+def activate(z: Array, activation: str) -> Array:
+    """ReLU max(0, z) (§3.3); swish z sigmoid(z); GELU z Phi(z) (exact, with erf) and GPT-2's
+    tanh approximation 0.5 z (1 + tanh(sqrt(2 / pi) (z + 0.044715 z^3)))."""
+    if activation == "relu":
+        return np.maximum(0.0, z)
+    if activation == "swish":
+        return z / (1.0 + np.exp(-z))
+    if activation == "gelu":
+        return 0.5 * z * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
+    if activation == "gelu_tanh":
+        return 0.5 * z * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z**3)))
+    raise ValueError(f"the reference has no activation {activation!r}")
 
 
 def sublayer(w: dict[str, Array], norm: str, x: Array, fn: object, cfg: ModelConfig) -> Array:
@@ -93,19 +108,35 @@ def sublayer(w: dict[str, Array], norm: str, x: Array, fn: object, cfg: ModelCon
 
 
 def embed(w: dict[str, Array], prefix: str, ids: Array, cfg: ModelConfig) -> Array:
-    """Token embedding x sqrt(d_model) + positions (§3.4, §3.5)."""
-    tokens = w[f"{prefix}.tokens.weight"][ids] * np.sqrt(cfg.d_model)
+    """Token embedding x sqrt(d_model) (unless `scale_embeddings` is off) + positions (§3.4,
+    §3.5)."""
+    scale = np.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
+    tokens = w[f"{prefix}.tokens.weight"][ids] * scale
     if cfg.positional == "learned":
         return tokens + w[f"{prefix}.learned.weight"][: len(ids)]
     return tokens + positional_encoding(len(ids), cfg.d_model, cfg.positional_layout)
 
 
-def encoder(w: dict[str, Array], cfg: ModelConfig, src: Array) -> Array:
-    """One source sequence (S,) of ids -> (S, D)."""
-    x = embed(w, "src_embed", src, cfg)
-    keep = np.broadcast_to(src != cfg.pad_id, (len(src), len(src)))
+def encoder(
+    w: dict[str, Array],
+    cfg: ModelConfig,
+    src: Array,
+    *,
+    stack: str = "encoder",
+    embedding: str = "src_embed",
+    causal: bool = False,
+) -> Array:
+    """One source sequence (S,) of ids -> (S, D); `causal`: the same stack as a decoder-only
+    model's (position t sees 0..t; a `DecoderLM` names it `decoder`, its embedding `embed`)."""
+    x = embed(w, embedding, src, cfg)
+    S = len(src)
+    keep = (
+        np.tril(np.ones((S, S), dtype=bool))
+        if causal
+        else np.broadcast_to(src != cfg.pad_id, (S, S))
+    )
     for n in range(cfg.n_layers):
-        p = f"encoder.layers.{n}"
+        p = f"{stack}.layers.{n}"
         x = sublayer(
             w,
             f"{p}.norm1",
@@ -117,7 +148,7 @@ def encoder(w: dict[str, Array], cfg: ModelConfig, src: Array) -> Array:
             w, f"{p}.norm2", x, lambda h, p=p: feed_forward(w, f"{p}.ffn", h, cfg.activation), cfg
         )
     if cfg.norm_first:
-        x = layer_norm(x, w["encoder.norm.weight"], w["encoder.norm.bias"], cfg.layer_norm_eps)
+        x = layer_norm(x, w[f"{stack}.norm.weight"], w[f"{stack}.norm.bias"], cfg.layer_norm_eps)
     return x
 
 
@@ -150,8 +181,21 @@ def decoder(w: dict[str, Array], cfg: ModelConfig, tgt_in: Array, mem: Array, sr
         )
     if cfg.norm_first:
         y = layer_norm(y, w["decoder.norm.weight"], w["decoder.norm.bias"], cfg.layer_norm_eps)
+    return _logits(w, cfg, y)
+
+
+def _logits(w: dict[str, Array], cfg: ModelConfig, y: Array) -> Array:
     logits = y @ w["generator.weight"].T
     return logits + w["generator.bias"] if cfg.logits_bias else logits
+
+
+def lm_forward(w: dict[str, Array], cfg: ModelConfig, ids_BT: Array) -> Array:
+    """A decoder-only model's (`DecoderLM`) logits (B, T, V), one sequence at a time."""
+    out = []
+    for ids in np.asarray(ids_BT):
+        y = encoder(w, cfg, ids, stack="decoder", embedding="embed", causal=True)
+        out.append(_logits(w, cfg, y))
+    return np.stack(out)
 
 
 def transformer_forward(

@@ -254,6 +254,26 @@ def test_model_matches_numpy_reference(tiny_cfg, overrides):
     np.testing.assert_allclose(got[tgt_real], expected[tgt_real], rtol=1e-5, atol=1e-5)
 
 
+LM_VARIANTS = [
+    {},
+    dict(norm_first=True, positional="learned", activation="gelu_tanh", scale_embeddings=False),
+    dict(norm_first=True, activation="gelu", logits_bias=True, tie_output=False),
+]
+
+
+@pytest.mark.parametrize("overrides", LM_VARIANTS, ids=["paper_block", "gpt2", "gelu_bias"])
+def test_decoder_only_model_matches_numpy_reference(tiny_cfg, overrides):
+    cfg = dataclasses.replace(tiny_cfg, **overrides)
+    torch.manual_seed(7)
+    model = DecoderLM(cfg).eval()
+    for p in model.parameters():  # every weight off its initial value (LayerNorms, biases)
+        nn.init.normal_(p, std=0.3)
+    ids = torch.randint(4, cfg.vocab_size, (2, 9))
+    got = model(ids).detach().double().numpy()
+    expected = reference.lm_forward(reference.weights_of(model), cfg, ids.numpy())
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("layout", ["interleaved", "halves"])
 def test_reference_positional_encoding_matches_model(layout):
     from aiayn.nn.embeddings import sinusoidal_positions
