@@ -15,8 +15,12 @@ from aiayn.errors import AiaynError, CheckpointError, ConfigError, DataError
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editors
     from aiayn.cli.quickstart import quickstart_config
+    from aiayn.generate.generator import Generator
+    from aiayn.generate.scoring import score_text
     from aiayn.glassbox import seed_example
+    from aiayn.glassbox.distribution import distribution_lines, next_token_distribution
     from aiayn.glassbox.explain import explain, source_ids, trace_beam
+    from aiayn.glassbox.explain_lm import explain_lm, lm_attention
     from aiayn.glassbox.explanation import Explanation
     from aiayn.glassbox.notebook import (
         AttentionView,
@@ -40,7 +44,9 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editor
     from aiayn.store.directory import ModelDir
     from aiayn.store.model_dir import load_model_dir, save_model_dir
     from aiayn.text.synthetic import write_corpus
+    from aiayn.text.text_check import check_text_corpus
     from aiayn.text.tokenizer import Tokenizer
+    from aiayn.training.curves import plot_training_log, read_metrics
     from aiayn.training.loop import train
     from aiayn.translate.translator import Translator
 
@@ -77,6 +83,16 @@ _LAZY = {
     "trace_beam": "aiayn.glassbox.explain",
     "source_ids": "aiayn.glassbox.explain",
     "Explanation": "aiayn.glassbox.explanation",
+    # a language model (docs/lm.md): generate, score, look inside, check its text
+    "Generator": "aiayn.generate.generator",
+    "score_text": "aiayn.generate.scoring",
+    "explain_lm": "aiayn.glassbox.explain_lm",
+    "lm_attention": "aiayn.glassbox.explain_lm",
+    "next_token_distribution": "aiayn.glassbox.distribution",
+    "distribution_lines": "aiayn.glassbox.distribution",
+    "check_text_corpus": "aiayn.text.text_check",
+    "read_metrics": "aiayn.training.curves",
+    "plot_training_log": "aiayn.training.curves",
     # the notebooks' views (aiayn.glassbox.notebook) and the tutorials' worked example
     "MatrixView": "aiayn.glassbox.notebook",
     "AttentionView": "aiayn.glassbox.notebook",
@@ -117,6 +133,7 @@ __all__ = [
     "EncoderClassifier",
     "Explanation",
     "ForwardPassView",
+    "Generator",
     "Hypothesis",
     "KVCache",
     "MatrixView",
@@ -132,13 +149,21 @@ __all__ = [
     "Translator",
     "attention",
     "beam_search",
+    "check_text_corpus",
+    "distribution_lines",
     "explain",
+    "explain_lm",
     "greedy_search",
+    "lm_attention",
     "load_config",
     "load_model_dir",
+    "next_token_distribution",
+    "plot_training_log",
     "quickstart_config",
+    "read_metrics",
     "sample_search",
     "save_model_dir",
+    "score_text",
     "search",
     "seed_example",
     "seed_example_json",
