@@ -8,7 +8,8 @@ forward pass over BOS + the prompt (aiayn.glassbox.explain_lm, no search) and re
                   (rounded to 4 decimals; 0 above the diagonal), as the attention page draws
     distribution  the next-token distribution: p, p at the temperature, the kept set of top-k
                   and top-p and its renormalised probabilities (aiayn.glassbox.distribution),
-                  what Transformer Explainer shows for GPT-2
+                  what Transformer Explainer shows for GPT-2; each token's `text` (what it
+                  adds to the prompt: "" for EOS, whose id is `eos_id`)
     forward       the forward-pass tensors in `aiayn explain --json`'s form (`tensors`), for
                   the page's forward-pass view; `tensors="attention"` sends the weights only,
                   `"none"` none, `layers` / `heads` choose which
@@ -91,11 +92,23 @@ def lm_page_data(
                 if tensors == "all" or e.name.endswith(".weights")
             ]
     assert trace.distribution is not None
+    distribution = trace.distribution.to_json()
+    distribution["eos_id"] = tok.eos_id
+    for t in distribution["tokens"]:
+        t["text"] = next_text(tok, trace.src_ids, t["id"])
     return {
         "format": PAGE_FORMAT,
         "config": trace.config,
         "prompt": {"text": prompt, "ids": trace.src_ids, "pieces": trace.src_pieces},
         "attention": {"rows": trace.src_pieces, "cols": trace.src_pieces, "w": w},
-        "distribution": trace.distribution.to_json(),
+        "distribution": distribution,
         "forward": {"tensors": forward},
     }
+
+
+def next_text(tok: Tokenizer, ids: Sequence[int], next_id: int) -> str:
+    """The text `next_id` adds after `ids`: decoded after the last of them, whose text it may
+    join (a subword's leading space), or alone."""
+    last = [i for i in ids[-1:] if i != tok.bos_id]
+    before, after = tok.decode(last), tok.decode([*last, next_id])
+    return after[len(before) :] if after.startswith(before) else tok.decode([next_id])

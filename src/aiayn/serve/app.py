@@ -1,7 +1,8 @@
 """`aiayn serve`: a trained model behind HTTP, and the live glass box in the browser.
 
 Endpoints (docs/serving.md has examples; /openapi.json describes every body):
-    GET  /                 the glass box page (static/serve.html: one file, no network)
+    GET  /                 the glass box page (static/serve.html: one file, no network; a
+                           language model's server serves static/lm.html)
     POST /translate        LibreTranslate's shape: {"q": str | [str], "source", "target",
                            "alternatives": N} -> {"translatedText", "alternatives"}
     GET  /languages        LibreTranslate's language list; POST /detect names the source
@@ -10,6 +11,9 @@ Endpoints (docs/serving.md has examples; /openapi.json describes every body):
     POST /v1/generate      a language model's server only (aiayn.serve.generate_handler):
                            {"prompt": str | [str], "max_tokens", sampling or beam, "stream"}
                            -> {"completions"}, or server-sent events with "stream": true
+    POST /v1/explain/lm    a language model's server only: one prompt traced for the page
+                           (aiayn.glassbox.lm_page: causal attention, the next-token
+                           distribution under temperature / top-k / top-p, the tensors)
     GET  /v1/explain/seed  the tutorials' worked example: `aiayn explain --seed-example
                            --format json` (no model needed; the page opens it)
     GET  /v1/model         configuration, languages, sizes, limits, example sentences
@@ -52,7 +56,12 @@ from starlette.exceptions import HTTPException
 
 from aiayn import __version__
 from aiayn.generate.generator import Generator
-from aiayn.serve.generate_handler import ON_LM_SERVER, ON_TRANSLATOR_SERVER, LMServer
+from aiayn.serve.generate_handler import (
+    ON_LM_SERVER,
+    ON_TRANSLATOR_SERVER,
+    ON_TRANSLATOR_SERVER_LM,
+    LMServer,
+)
 from aiayn.serve.guard import Accounting, Guard, error_response
 from aiayn.serve.handlers import BaseServer, ServeOptions, Server
 from aiayn.serve.requests import (
@@ -180,7 +189,8 @@ def create_app(
     else:
         server = Server(served, model_dir, opts)
     app.state.server = server
-    page = resources.files("aiayn.serve").joinpath("static/serve.html").read_text(encoding="utf-8")
+    page_file = "static/lm.html" if isinstance(server, LMServer) else "static/serve.html"
+    page = resources.files("aiayn.serve").joinpath(page_file).read_text(encoding="utf-8")
 
     @app.exception_handler(ApiError)
     async def api_error(_r: Request, e: ApiError) -> JSONResponse:
@@ -232,12 +242,16 @@ def create_app(
             responses=ERRORS,
             openapi_extra=GENERATE_OPENAPI,
         )(_with_body(server.v1_generate, server.body))
+        app.post("/v1/explain/lm", responses=ERRORS)(
+            _with_body(server.v1_explain_lm, server.explain_body)
+        )
         for path, method in TRANSLATION_ENDPOINTS:
             app.api_route(path, methods=[method], include_in_schema=False)(_elsewhere(ON_LM_SERVER))
     else:
         assert isinstance(server, Server)
         _translation_endpoints(app, server)
         app.post("/v1/generate", include_in_schema=False)(_elsewhere(ON_TRANSLATOR_SERVER))
+        app.post("/v1/explain/lm", include_in_schema=False)(_elsewhere(ON_TRANSLATOR_SERVER_LM))
 
     app.add_middleware(Guard, server=server)  # type: ignore[arg-type]
     if opts.cors_origins:  # outside the Guard: preflights carry no key

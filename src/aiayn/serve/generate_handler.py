@@ -1,3 +1,7 @@
+# The body of /v1/explain/lm is built at run time from the model's layers and heads (bounds a
+# static type cannot hold), as aiayn.serve.requests builds its own: mypy sees its field types
+# as variables.
+# mypy: disable-error-code="valid-type"
 """`POST /v1/generate`: a language model (`aiayn.nn.variants.DecoderLM`, through
 `aiayn.generate.generator.Generator`) continues prompts, answered whole or streamed as
 server-sent events.
@@ -16,6 +20,9 @@ context, which the running search's step-at-a-time rows cannot take in. So each 
 its own searches: it is cut into parts of at most --turn-tokens (rows x max_tokens, one prompt
 at least), one call job each, queued one after the other, so that one large request holds the
 model for a part at a time, as a translation's turns do.
+
+`POST /v1/explain/lm` is the live page's (static/lm.html): one traced forward pass over the
+prompt (aiayn.glassbox.lm_page), run on the model worker as /v1/explain is on a translator's.
 """
 
 from __future__ import annotations
@@ -29,20 +36,32 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from pydantic import Field
 
 from aiayn import __version__
 from aiayn.config import DecodeConfig, search_rows
 from aiayn.config_files import to_dict
 from aiayn.errors import AiaynError
 from aiayn.generate.generator import Generation, Generator
+from aiayn.glassbox.lm_page import lm_page_data
+from aiayn.nn.tracing import TraceTooLargeError
 from aiayn.serve.handlers import BaseServer, ServeOptions
 from aiayn.serve.jobs import BatchStats, ClosedError, QueueFullError
-from aiayn.serve.requests import ApiError, check_sizes, generate_model
+from aiayn.serve.requests import (
+    ApiError,
+    Key,
+    Limits,
+    StrictBody,
+    _int,
+    _text,
+    check_sizes,
+    generate_model,
+)
 from aiayn.store.directory import ModelDir, open_model_dir
 
 log = logging.getLogger(__name__)
@@ -53,6 +72,35 @@ ON_TRANSLATOR_SERVER = (
     "this server holds a translation model: POST /v1/translate (or /translate); "
     "/v1/generate needs a language model (a DecoderLM)"
 )
+ON_TRANSLATOR_SERVER_LM = (
+    "this server holds a translation model: POST /v1/explain traces a sentence; "
+    "/v1/explain/lm needs a language model (a DecoderLM)"
+)
+
+
+def lm_explain_model(limits: Limits, n_layers: int, n_heads: int) -> type[StrictBody]:
+    """The body of /v1/explain/lm: aiayn.glassbox.lm_page's arguments, bounded by this
+    server's limits and this model's layers and heads."""
+    Layer, Head = _int(0, max(n_layers - 1, 0)), _int(1, n_heads)
+
+    class V1ExplainLMRequest(StrictBody):
+        """One forward pass over BOS + `q` (the prompt, "" too): its causal self-attention,
+        the next-token distribution as temperature, top-k (0: off) and top-p reshape it
+        (`show`: the most probable listed), and the forward-pass tensors of `layers` and
+        `heads` (default all; `tensors: "attention"`: the weights only). The live page's."""
+
+        q: _text(limits.max_chars_per_sentence)
+        temperature: Annotated[float, Field(gt=0, le=100)] = 1.0
+        top_k: _int(0, 1_000_000) = 0
+        top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+        show: _int(1, 100) = 10
+        tensors: Literal["all", "attention", "none"] = "all"
+        layers: Annotated[list[Layer], Field(max_length=n_layers)] | None = None
+        heads: Annotated[list[Head], Field(max_length=n_heads)] | None = None
+        precision: _int(0, 12) = 4
+        api_key: Key = None
+
+    return V1ExplainLMRequest
 
 
 def completion(g: Generation) -> dict[str, Any]:
@@ -81,6 +129,8 @@ class LMServer(BaseServer):
         super().__init__(None, opts, generator.model.cfg.vocab_size)
         self.generator, self.model_dir = generator, open_model_dir(model_dir).path
         self.body = generate_model(self.limits)
+        cfg = generator.model.cfg
+        self.explain_body = lm_explain_model(self.limits, cfg.n_layers, cfg.n_heads)
 
     # --- what a request asks for ----------------------------------------------------------------
 
@@ -158,6 +208,39 @@ class LMServer(BaseServer):
             )
             found += await self.run(request, job)
         return self.reply(found, cfg)
+
+    async def v1_explain_lm(self, request: Request, body: Any) -> dict[str, Any]:
+        """The live page's JSON (aiayn.glassbox.lm_page), computed on the model worker. A bad
+        setting is 422 and a trace over --max-trace-numbers 413, as /v1/explain answers: they
+        come back as values, so the worker does not log them as its own failures."""
+        g = self.generator
+
+        def work() -> dict[str, Any] | Exception:
+            try:
+                return lm_page_data(
+                    g.model,
+                    g.tokenizer,
+                    body.q,
+                    temperature=body.temperature,
+                    top_k=body.top_k,
+                    top_p=body.top_p,
+                    show=body.show,
+                    tensors=body.tensors,
+                    layers=body.layers,
+                    heads=body.heads,
+                    precision=body.precision,
+                    max_numel=self.limits.max_trace_numbers,
+                )
+            except TraceTooLargeError as e:
+                return ApiError(413, f"{e} (--max-trace-numbers)")
+            except AiaynError as e:
+                return ApiError(422, str(e))
+
+        timeout = self.limits.timeout_s
+        found = await self.run(request, lambda: self.batcher.call(work, timeout))
+        if isinstance(found, Exception):
+            raise found
+        return found
 
     def reply(self, found: list[list[Generation]], cfg: DecodeConfig) -> dict[str, Any]:
         return {
@@ -250,7 +333,7 @@ class LMServer(BaseServer):
             "kind": self.kind,
             "languages": None,
             "engine": "aiayn",
-            "traceable": False,
+            "traceable": True,  # POST /v1/explain/lm
             "model": to_dict(g.model.cfg),
             "parameters": sum(p.numel() for p in g.model.parameters())
             if isinstance(g.model, torch.nn.Module)

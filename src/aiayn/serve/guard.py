@@ -66,6 +66,7 @@ PATHS = (
     "/v1/translate",
     "/v1/explain",
     "/v1/explain/seed",
+    "/v1/explain/lm",
     "/v1/generate",
     "/v1/model",
     "/health",
@@ -211,7 +212,7 @@ SAFE_HEADERS = [
     (b"referrer-policy", b"no-referrer"),
 ]
 
-JSON_ONLY = ("/v1/translate", "/v1/explain", "/v1/generate")
+JSON_ONLY = ("/v1/translate", "/v1/explain", "/v1/explain/lm", "/v1/generate")
 JSON_OR_FORM = ("/translate", "/detect")  # LibreTranslate's clients send forms too
 NO_KEY = ("/health",)
 
