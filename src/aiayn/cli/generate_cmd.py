@@ -4,17 +4,22 @@ loss on a text: nats per token, perplexity, bits per character and per byte)."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiayn.cli.flags import MAX_FLAG, add_device_flag, add_dtype_flag
+from aiayn.cli.flags import add_device_flag, add_dtype_flag
 from aiayn.errors import AiaynError
+
+if TYPE_CHECKING:  # imported when the command runs: `aiayn --help` stays fast
+    from aiayn.generate.generator import Generator
 
 # The most new tokens one output may ask for from the command line (a server has its own).
 MAX_NEW_TOKENS = 1_000_000
+PROMPTS_A_BUFFER = 64  # --input's prompts read, generated and written at a time
 
 
 def add_generate(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +52,6 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     import logging
 
-    from aiayn.generate.generator import Generator
     from aiayn.runtime.device import set_threads
 
     given: dict[str, Any] = {}
@@ -72,14 +76,14 @@ def run_generate(args: argparse.Namespace) -> int:
         given.update(sample=False, beam_size=args.beam or 1)
     else:
         given.update(sample=True, nbest=args.num_samples)
-    prompts = _prompts(args)
     set_threads(args.threads)
     logging.basicConfig(level=logging.WARNING, format="aiayn: %(message)s")
-    gen = Generator.load(args.model, device=args.device, dtype=args.dtype)
+    gen = _load(args)
     cfg = gen.settings(**given)
     n = cfg.nbest if cfg.sample else 1
     out = sys.stdout
     if args.input is None:
+        prompts = [args.prompt or ""]
         if n == 1 and (cfg.sample or cfg.beam_size == 1):  # streamed as it is produced
             out.write(prompts[0])
             out.flush()
@@ -89,13 +93,31 @@ def run_generate(args: argparse.Namespace) -> int:
         found = gen.generate_all(prompts, cfg)
         out.write("\n---\n".join(prompts[0] + g.text for g in found[0]) + "\n")
         return 0
-    for a in range(0, len(prompts), 64):
-        found = gen.generate_all(prompts[a : a + 64], cfg, first_line_no=a + 1)
-        for gens in found:
-            for g in gens:
-                out.write(" ".join(g.text.splitlines()) + "\n")  # one line each, in order
-        out.flush()
+    from aiayn.text.corpus import read_lines
+
+    with args.input.open("rb") as f:  # streamed: a buffer of prompts at a time
+        lines, line_no = read_lines(f, str(args.input)), 1
+        while chunk := list(itertools.islice(lines, PROMPTS_A_BUFFER)):
+            for gens in gen.generate_all(chunk, cfg, first_line_no=line_no):
+                for g in gens:  # each sample one line, a prompt's samples together, in order
+                    out.write(" ".join(g.text.splitlines()) + "\n")
+            out.flush()
+            line_no += len(chunk)
     return 0
+
+
+def _load(args: argparse.Namespace) -> Generator:
+    """The model's generator: aiayn's, or an export's engine (ONNX Runtime, CTranslate2)."""
+    from aiayn.generate.generator import Generator
+    from aiayn.store.directory import is_export_dir
+
+    if not is_export_dir(args.model):
+        return Generator.load(args.model, device=args.device, dtype=args.dtype)
+    if args.device not in ("auto", "cpu") or args.dtype not in ("auto", "fp32"):
+        raise AiaynError("an exported model runs on the CPU in fp32: leave out --device/--dtype")
+    from aiayn.interop.export_lm import load_generator
+
+    return load_generator(args.model, threads=args.threads)
 
 
 def _write(out: Any, text: str) -> None:
@@ -103,23 +125,10 @@ def _write(out: Any, text: str) -> None:
     out.flush()
 
 
-def _prompts(args: argparse.Namespace) -> list[str]:
-    if args.input is None:
-        return [args.prompt or ""]
-    from aiayn.text.lm_data import read_text
-
-    data = args.input.read_bytes()
-    if not data:
-        return []
-    return read_text(args.input).split("\n")[: None if not data.endswith(b"\n") else -1]
-
-
 def run_evaluate_text(args: argparse.Namespace) -> int:
     """`aiayn evaluate --model LM --text FILE`: the model's loss on the text."""
     from aiayn.generate.scoring import score_text
 
-    if args.threads and not 0 < args.threads <= MAX_FLAG:
-        raise AiaynError(f"--threads must be >= 0, got {args.threads}")
     result = score_text(
         args.model, args.text, device=args.device, dtype=args.dtype, threads=args.threads
     )

@@ -7,8 +7,8 @@ its "source" is BOS + the prompt, which the model's `init_cache` runs into the c
 Positions run out at the model's `max_len`. A prompt longer than the context is cut from the
 left (with a warning). An output that outgrows the context continues from the last half of
 it, recomputed as a new prompt (nanoGPT crops its context to the block at every step; this
-recomputes once per half a block), so sampling can go on for as long as asked. Beam search
-ranks whole hypotheses and stops at the context's end.
+recomputes once per half a block), so sampling and greedy search go on for as long as asked.
+Beam search ranks whole hypotheses and stops at the context's end.
 
 Each output row samples from its own generator, seeded by (seed, line number, sample, window),
 so the same seed gives the same text, whatever else is in the batch.
@@ -29,6 +29,7 @@ from aiayn.errors import ConfigError
 from aiayn.nn.variants import DecoderLM
 from aiayn.runtime.device import Precision, choose_precision
 from aiayn.search.decode import search
+from aiayn.search.hypothesis import Hypothesis
 from aiayn.search.sampling import sample_seed
 from aiayn.search.step_view import StepView
 from aiayn.store.directory import ModelDir, load_for_decoding
@@ -142,7 +143,9 @@ class Generator:
             raise TypeError("generate takes a list of prompts (str), e.g. generate([text])")
         want = min(cfg.max_len_b, cfg.max_tokens) if cfg.max_tokens > 0 else cfg.max_len_b
         half = self.model.cfg.max_len // 2
-        room = min(want, half) if cfg.sample else min(want, self.model.cfg.max_len - 1)
+        # one hypothesis a row (sampling, greedy) goes on past the context; a beam ranks whole
+        # hypotheses, within one context
+        room = min(want, half) if _one_per_row(cfg) else min(want, self.model.cfg.max_len - 1)
         starts = [self.prompt_ids(p, room, first_line_no + i) for i, p in enumerate(prompts)]
         n = cfg.nbest if cfg.sample else 1
         rows = [(i, k) for i in range(len(prompts)) for k in range(n)]
@@ -168,7 +171,7 @@ class Generator:
     ) -> list[list[Generation]]:
         """Rows of prompts searched together; sampled rows go on past the context's end from
         the last half of it (module docstring), each a window at a time."""
-        tok, pad_id, half = self.tokenizer, self.model.cfg.pad_id, self.model.cfg.max_len // 2
+        tok, half = self.tokenizer, self.model.cfg.max_len // 2
         ctx = [list(s) for s in starts]
         made: list[list[int]] = [[] for _ in starts]
         log_prob = [0.0] * len(starts)
@@ -192,25 +195,23 @@ class Generator:
                 else:
                     waited[r] += 1
 
+        def hear_rest(r: int) -> None:  # what the steps did not say (an engine's whole output)
+            if on_token is not None:
+                text = tok.decode(made[r])
+                if len(text) > shown[r]:
+                    on_token(first_row + r, text[shown[r] :])
+                    shown[r] = len(text)
+
         while active:
             left = [want - len(made[r]) for r in active]
-            src_BS = pad_rows([ctx[r] for r in active], pad_id).to(self.device)
             step_cfg = dataclasses.replace(cfg, max_len_a=0.0, max_len_b=max(left), max_tokens=0)
             row_seeds = [sample_seed(seeds[r], window) for r in active]
             before = [list(made[r]) for r in active]
-            with self.precision.autocast():
-                found = search(
-                    self.model,
-                    src_BS,
-                    step_cfg,
-                    row_seeds=row_seeds,
-                    on_step=heard
-                    if on_token is not None and (cfg.sample or cfg.beam_size == 1)
-                    else None,
-                )
+            listen = heard if on_token is not None and _one_per_row(cfg) else None
+            found = self._search([ctx[r] for r in active], step_cfg, row_seeds, listen)
             still = []
             for j, r in enumerate(active):
-                if not cfg.sample:  # greedy or beam: one window, the nbest best
+                if not _one_per_row(cfg):  # a beam: one window, the nbest best
                     results[r] = [
                         self._generation(h.tokens, h.log_prob, h.eos, starts[r]) for h in found[j]
                     ]
@@ -219,6 +220,7 @@ class Generator:
                 new = h.tokens[: left[j]]
                 made[r] = before[j] + new
                 log_prob[r] += h.log_prob
+                hear_rest(r)
                 if (h.eos and len(new) == len(h.tokens)) or len(made[r]) >= want:
                     ended = h.eos and len(new) == len(h.tokens)
                     results[r] = [self._generation(made[r], log_prob[r], ended, starts[r])]
@@ -228,7 +230,26 @@ class Generator:
             active, window = still, window + 1
         return [r for r in results if r is not None]
 
+    def _search(
+        self,
+        rows: list[list[int]],
+        cfg: DecodeConfig,
+        row_seeds: list[int],
+        on_step: Callable[[StepView], None] | None,
+    ) -> list[list[Hypothesis]]:
+        """One window of the search over `rows` (BOS + prompt, or a context going on): what
+        an export's engine replaces (aiayn.interop.export_lm_ct2)."""
+        src_BS = pad_rows(rows, self.model.cfg.pad_id).to(self.device)
+        with self.precision.autocast():
+            return search(self.model, src_BS, cfg, row_seeds=row_seeds, on_step=on_step)
+
     def _generation(
         self, tokens: list[int], log_prob: float, eos: bool, prompt: list[int]
     ) -> Generation:
         return Generation(self.tokenizer.decode(tokens), tokens, log_prob, len(prompt), eos)
+
+
+def _one_per_row(cfg: DecodeConfig) -> bool:
+    """Sampling or greedy: each output one row of the search, which can go on past the
+    context from its last half (module docstring)."""
+    return cfg.sample or cfg.beam_size == 1

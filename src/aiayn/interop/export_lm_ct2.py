@@ -15,6 +15,7 @@ aiayn's per-row seeds), and its beam search ranks by another length penalty (eng
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ import torch
 from aiayn.atomic import atomic_dir
 from aiayn.config import DecodeConfig, ModelConfig, check_decode_config
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.generate.generator import LM_DEFAULTS, Generation, Generator, OnToken
+from aiayn.generate.generator import LM_DEFAULTS, Generator
 from aiayn.interop.export_ct2 import (
     QUANTIZATIONS,
     _encoder_layer,
@@ -39,6 +40,8 @@ from aiayn.interop.export_dir import write_export_meta
 from aiayn.interop.export_lm import ARCHITECTURE, load_lm_source
 from aiayn.nn.variants import DecoderLM
 from aiayn.runtime.device import choose_precision
+from aiayn.search.hypothesis import Hypothesis
+from aiayn.search.step_view import StepView
 from aiayn.store.directory import ModelDir
 from aiayn.text.tokenizer import Tokenizer
 
@@ -182,15 +185,14 @@ class Ct2Generator(Generator):
         tok = opened.tokenizer
         return cls(Ct2LM(engine, opened.model_cfg, vocabulary(tok, opened.model_cfg)), tok, cfg)
 
-    def _run(
+    def _search(
         self,
-        starts: list[list[int]],
-        seeds: list[int],
+        rows: list[list[int]],
         cfg: DecodeConfig,
-        want: int,
-        on_token: OnToken | None,
-        first_row: int,
-    ) -> list[list[Generation]]:
+        row_seeds: list[int],
+        on_step: Callable[[StepView], None] | None,
+    ) -> list[list[Hypothesis]]:
+        """One window, greedily: `Generator`'s windows and prompts, CTranslate2's search."""
         if cfg.sample or cfg.beam_size > 1 or cfg.min_len > 0:
             raise ConfigError(
                 "the CTranslate2 language model export searches greedily only (--sample, "
@@ -200,14 +202,12 @@ class Ct2Generator(Generator):
         # One call per prompt length: CTranslate2 runs the prompts of a call into its cache up
         # to the shortest, and feeds the rest in its decoding loop, where they count as output.
         by_length: dict[int, list[int]] = {}
-        for j, ids in enumerate(starts):
+        for j, ids in enumerate(rows):
             by_length.setdefault(len(ids), []).append(j)
-        out: list[list[Generation]] = [[] for _ in starts]
-        for length, rows in sorted(by_length.items()):
-            limit = min(want, model.cfg.max_len - length)  # aiayn's: asked for, or max_len
-            found = model.greedy([starts[j] for j in rows], limit)
-            for j, (tokens, log_prob, eos) in zip(rows, found, strict=True):
-                out[j] = [self._generation(tokens, log_prob, eos, starts[j])]
-                if on_token is not None:
-                    on_token(first_row + j, out[j][0].text)
+        out: list[list[Hypothesis]] = [[] for _ in rows]
+        for length, group in sorted(by_length.items()):
+            limit = min(cfg.max_len_b, model.cfg.max_len - length)  # asked for, or max_len
+            found = model.greedy([rows[j] for j in group], limit)
+            for j, (tokens, log_prob, eos) in zip(group, found, strict=True):
+                out[j] = [Hypothesis(tokens, log_prob, log_prob, eos)]
         return out

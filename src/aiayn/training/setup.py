@@ -43,6 +43,7 @@ from aiayn.store.run_dir import (
 from aiayn.text.corpus import HELDOUT_FILES, DataStats, Heldout, hold_out, read_parallel
 from aiayn.text.data import RunData, load_data, require_corpus
 from aiayn.text.lm_data import LMData, load_lm_data
+from aiayn.text.text_check import log_text_check
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.checks import check_batch_fits, check_model_fits
 from aiayn.training.lm_setup import prepare_lm_tokenizer
@@ -155,8 +156,11 @@ def prepare_run(
     else:
         data = load_data(tc, tok, d, heldout, bar=progress and d.main and interactive())
         check_batch_fits(cfg.model, data.train, tc, precision, copies)
-    if d.main and resume is None and not lm:  # once per run: a resume has the same data
-        _log_data_check(tc, bar=progress and interactive())  # a log file gets its lines
+    if d.main and resume is None:  # once per run: a resume has the same data
+        if lm:  # the text's own check (docs/data.md, --text)
+            log_text_check(tc.text, tc.valid_text, log, bar=progress and interactive())
+        else:
+            _log_data_check(tc, bar=progress and interactive())  # a log file gets its lines
     torch.manual_seed(tc.seed)  # seeds the GPU's generator too
     random.seed(tc.seed)
     precision.apply()
