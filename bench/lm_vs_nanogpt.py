@@ -15,6 +15,16 @@ last printed estimate from eval_iters=20 random batches, plus the full validatio
 with its saved ckpt.pt; aiayn's is the full validation stream from metrics.jsonl), iterations
 per second (median over iterations after the 10th), their ratio, the CPU and torch. The lab
 log is docs/lab/lm.md. `--aiayn-only` runs aiayn's side alone (the test's quick check).
+
+Equal time: `--minutes M` runs aiayn's budget recipe instead, `aiayn train --config lm
+--set train.max_minutes=M` in its default dtype (auto), and nanoGPT's CPU example for
+round(M * 60 * --nanogpt-it-per-s) iterations (max_iters = lr_decay_iters; --eval_interval
+that many / 6 unless given). `--pair-gpt-block` runs two aiayn `--config lm` sides instead of
+nanoGPT: the paper's block and the GPT block (pre-LN, learned positions, GELU, unscaled
+embeddings, N(0, 0.02) init). In --minutes mode the last 10% of --text (the characters
+nanoGPT's prepare.py puts in val.bin) is written to OUT/valid.txt and each aiayn side's best
+model (OUT_DIR) and averaged model (OUT_DIR/averaged) are scored on it with `aiayn evaluate
+--text --json` (up to model.max_len tokens of context).
 """
 
 from __future__ import annotations
@@ -85,14 +95,49 @@ def prepare_nanogpt(nanogpt: Path, text: Path) -> None:
     subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True)
 
 
-def nanogpt_cmd(steps: int, out_dir: Path) -> list[str]:
+def nanogpt_cmd(steps: int, out_dir: Path, eval_interval: int | None = None) -> list[str]:
+    extra = [f"--eval_interval={eval_interval}"] if eval_interval else []
     return [
         sys.executable, "train.py", "config/train_shakespeare_char.py", "--device=cpu",
         "--compile=False", "--eval_iters=20", "--log_interval=1", f"--block_size={BLOCK}",
         f"--batch_size={BATCH}", "--n_layer=4", "--n_head=4", "--n_embd=128",
         f"--max_iters={steps}", f"--lr_decay_iters={steps}", "--dropout=0.0",
-        f"--out_dir={out_dir}",
+        f"--out_dir={out_dir}", *extra,
     ]  # fmt: skip
+
+
+GPT_BLOCK = ["model.norm_first=true", "model.positional=learned", "model.activation=gelu",
+             "model.scale_embeddings=false", "model.init=normal"]  # fmt: skip
+
+
+def aiayn_minutes_cmd(minutes: float, out_dir: Path, text: Path, threads: int,
+                      extra: list[str]) -> list[str]:  # fmt: skip
+    """aiayn's budget recipe as a user runs it: `--config lm`, its default dtype."""
+    sets = [f"train.text={text}", f"train.max_minutes={minutes:g}", f"train.threads={threads}",
+            f"train.out_dir={out_dir}", *extra]  # fmt: skip
+    cmd = [sys.executable, "-m", "aiayn", "train", "--config", "lm"]
+    for kv in sets:
+        cmd += ["--set", kv]
+    return [*cmd, "--no-progress", "--device", "cpu"]
+
+
+def write_valid_text(text: Path, out: Path) -> Path:
+    """The last 10% of the text: nanoGPT's prepare.py's val split (data[int(n * 0.9):])."""
+    data = text.read_text(encoding="utf-8")
+    path = out / "valid.txt"
+    path.write_text(data[int(len(data) * 0.9) :], encoding="utf-8")
+    return path
+
+
+def aiayn_score(model: Path, valid: Path, threads: int) -> dict | None:
+    if not model.is_dir():
+        return None
+    cmd = [sys.executable, "-m", "aiayn", "evaluate", "--model", str(model), "--text",
+           str(valid), "--json", "--threads", str(threads), "--device", "cpu"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    if done.returncode:
+        return {"error": done.stderr.strip()[-2000:]}
+    return json.loads(done.stdout)
 
 
 def aiayn_cmd(steps: int, out_dir: Path, text: Path, threads: int, dtype: str,
@@ -133,7 +178,7 @@ def parse_nanogpt(log: str) -> dict:
     }
 
 
-def parse_aiayn(run_dir: Path) -> dict:
+def parse_aiayn(run_dir: Path, tokens_per_step: int = BATCH * BLOCK) -> dict:
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
     train = [r for r in records if "loss" in r and "valid_loss" not in r]
     valid = [r for r in records if "valid_loss" in r]
@@ -149,8 +194,9 @@ def parse_aiayn(run_dir: Path) -> dict:
         "valid": [{"step": r["step"], "valid": r["valid_loss"]} for r in valid],
         "last_train_loss": train[-1]["loss"] if train else math.nan,
         "median_tokens_per_s": tok_s,
-        "it_per_s": tok_s / (BATCH * BLOCK),
-        "elapsed_s": records[-1]["elapsed_s"] if records else math.nan,
+        "it_per_s": tok_s / tokens_per_step,
+        "last_step": max((r["step"] for r in records if "step" in r), default=None),
+        "elapsed_s": records[-1].get("elapsed_s", math.nan) if records else math.nan,
     }
 
 
@@ -226,6 +272,33 @@ def main() -> None:
     ap.add_argument("--valid-every", type=int, default=250, help="aiayn's train.valid_every")
     ap.add_argument("--no-pin", action="store_true", help="don't pin each side to its own CPUs")
     ap.add_argument("--aiayn-only", action="store_true", help="run aiayn's side alone")
+    ap.add_argument("--minutes", type=float, default=None,
+                    help="equal time: aiayn --config lm for M minutes, nanoGPT for the iterations "
+                    "it reaches in M minutes at --nanogpt-it-per-s")  # fmt: skip
+    ap.add_argument(
+        "--nanogpt-it-per-s",
+        type=float,
+        default=11.0,
+        help="nanoGPT's speed on one core, for --minutes (docs/lab/lm.md: ~11)",
+    )
+    ap.add_argument(
+        "--nanogpt-eval-interval",
+        type=int,
+        default=None,
+        help="nanoGPT's --eval_interval (default with --minutes: its iterations / 6)",
+    )
+    ap.add_argument(
+        "--aiayn-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more --set for aiayn's side(s) in --minutes mode (e.g. train.seed=2)",
+    )
+    ap.add_argument(
+        "--pair-gpt-block",
+        action="store_true",
+        help="with --minutes: two aiayn sides, the paper's block and the GPT block",
+    )
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: report the runs already in --out")  # fmt: skip
     args = ap.parse_args()
@@ -240,8 +313,14 @@ def main() -> None:
     if not args.no_pin and len(cpus) >= 2 * args.threads:
         pins = [set(cpus[: args.threads]), set(cpus[args.threads : 2 * args.threads])]
 
+    if args.pair_gpt_block and args.minutes is None:
+        sys.exit("--pair-gpt-block needs --minutes")
+    if args.minutes is not None:
+        args.steps = round(args.minutes * 60 * args.nanogpt_it_per_s)
+        if args.nanogpt_eval_interval is None:
+            args.nanogpt_eval_interval = max(1, args.steps // 6)
     nanogpt = args.nanogpt.resolve()
-    if not args.aiayn_only and not args.report_only:
+    if not args.aiayn_only and not args.pair_gpt_block and not args.report_only:
         prepare_nanogpt(nanogpt, text)
     started = time.time()
     wall = {}
@@ -254,20 +333,38 @@ def run_both(args, out, text, nanogpt, env, pins, started) -> dict:
     procs = {}
     nano_dir, aiayn_dir = out / "nanogpt", out / "aiayn"
     a_log = open(out / "aiayn.log", "w")  # noqa: SIM115
-    a_cmd = aiayn_cmd(args.steps, aiayn_dir, text, args.threads, args.aiayn_dtype,
-                      args.valid_every)  # fmt: skip
+    if args.minutes is not None:
+        a_cmd = aiayn_minutes_cmd(args.minutes, aiayn_dir, text, args.threads, args.aiayn_set)
+    else:
+        a_cmd = aiayn_cmd(args.steps, aiayn_dir, text, args.threads, args.aiayn_dtype,
+                          args.valid_every)  # fmt: skip
     procs["aiayn"] = subprocess.Popen(
         a_cmd, cwd=ROOT, env=env, stdout=a_log, stderr=subprocess.STDOUT, preexec_fn=pinner(pins[1])
     )
-    if not args.aiayn_only:
+    if args.pair_gpt_block:
+        g_log = open(out / "aiayn_gpt.log", "w")  # noqa: SIM115
+        g_cmd = aiayn_minutes_cmd(args.minutes, out / "aiayn_gpt", text, args.threads,
+                                  [*GPT_BLOCK, *args.aiayn_set])  # fmt: skip
+        procs["aiayn_gpt"] = subprocess.Popen(
+            g_cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=g_log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=pinner(pins[0]),
+        )
+    elif not args.aiayn_only:
         n_log = open(out / "nanogpt.log", "w")  # noqa: SIM115
-        procs["nanogpt"] = subprocess.Popen(nanogpt_cmd(args.steps, nano_dir), cwd=nanogpt,
+        n_cmd = nanogpt_cmd(args.steps, nano_dir, args.nanogpt_eval_interval)
+        procs["nanogpt"] = subprocess.Popen(n_cmd, cwd=nanogpt,
                                             env=env, stdout=n_log, stderr=subprocess.STDOUT,
                                             preexec_fn=pinner(pins[0]))  # fmt: skip
     wall = {}
     for name, proc in procs.items():
-        rc = proc.wait()
+        _, status, usage = os.wait4(proc.pid, 0)  # its CPU time: the machine is shared
+        proc.returncode = rc = os.waitstatus_to_exitcode(status)
         wall[name] = round(time.time() - started, 1)
+        wall[f"{name}_cpu_s"] = round(usage.ru_utime + usage.ru_stime, 1)
         if rc:
             sys.exit(f"{name} failed ({rc}); see {out / (name + '.log')}")
     return wall
@@ -277,6 +374,10 @@ def report_runs(args, out, nanogpt, pins, wall) -> None:
     import torch
 
     report: dict = {
+        "minutes": args.minutes,
+        "nanogpt_it_per_s_assumed": args.nanogpt_it_per_s if args.minutes is not None else None,
+        "nanogpt_eval_interval": args.nanogpt_eval_interval,
+        "aiayn_set": args.aiayn_set,
         "steps": args.steps,
         "threads_each": args.threads,
         "pinned_cpus": [sorted(p) if p else None for p in pins],
@@ -284,12 +385,26 @@ def report_runs(args, out, nanogpt, pins, wall) -> None:
         "cpu": cpu_info(),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "aiayn_dtype": args.aiayn_dtype,
+        "aiayn_dtype": args.aiayn_dtype if args.minutes is None else "auto (config lm)",
         "wall_s": wall,
+        "load_after": os.getloadavg(),
     }
     nano_dir, aiayn_dir = out / "nanogpt", out / "aiayn"
-    report["aiayn"] = parse_aiayn(aiayn_dir)
-    if not args.aiayn_only:
+    per_step = BATCH * BLOCK if args.minutes is None else 16 * 128  # lm.toml: 16 x 128
+    report["aiayn"] = parse_aiayn(aiayn_dir, per_step)
+    if args.minutes is not None:
+        valid = write_valid_text(args.text.resolve(), out)
+        sides = {"aiayn": aiayn_dir}
+        if args.pair_gpt_block:
+            report["aiayn_gpt"] = parse_aiayn(out / "aiayn_gpt", per_step)
+            sides["aiayn_gpt"] = out / "aiayn_gpt"
+        for name, run_dir in sides.items():
+            report[name]["scored_best"] = aiayn_score(run_dir, valid, args.threads)
+            report[name]["scored_averaged"] = aiayn_score(run_dir / "averaged", valid, args.threads)
+            log = (out / f"{name}.log").read_text(errors="replace")
+            report[name]["dtype_lines"] = [x for x in log.splitlines() if "autocast" in x
+                                           or "dtype" in x.lower()][:3]  # fmt: skip
+    if not args.aiayn_only and not args.pair_gpt_block:
         nano = parse_nanogpt((out / "nanogpt.log").read_text())
         nano["commit"] = commit_of(nanogpt)
         nano["full_valid"] = nanogpt_full_valid(nanogpt, nano_dir, args.threads)
@@ -297,6 +412,9 @@ def report_runs(args, out, nanogpt, pins, wall) -> None:
         a, n = report["aiayn"], nano
         report["it_per_s_ratio_aiayn_over_nanogpt"] = a["it_per_s"] / n["it_per_s"]
         full = n["full_valid"]
+        if args.minutes is not None:
+            print(json.dumps(report))
+            return
         report["goals"] = {
             "valid_le_nanogpt_estimate": a["valid_loss"] <= n["valid_loss_estimate"],
             "valid_le_nanogpt_full": a["valid_loss"] <= full["valid_loss"] if full else None,
