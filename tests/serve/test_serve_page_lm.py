@@ -280,3 +280,29 @@ def test_lm_page_in_headless_chromium(chromium, server, lm, tmp_path):
     urls = [e["params"]["request"]["url"] for e in chromium.events
             if e.get("method") == "Network.requestWillBeSent"]  # fmt: skip
     assert urls and all(u.startswith((server.url, "data:", "blob:")) for u in urls), urls
+
+
+def test_a_vocabulary_too_large_to_list_is_reshaped_by_the_server(chromium, tmp_path):
+    """1,204 tokens: more than the server lists (100 shown + 1,000 kept), so the page asks the
+    server to reshape the distribution as the sliders move, and shows its kept set."""
+    torch.manual_seed(0)
+    tok = CharTokenizer.fit(["".join(chr(0x4E00 + i) for i in range(1200))])
+    cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=16, n_heads=2, n_layers=1, d_ff=32,
+                      dropout=0.0, max_len=32)  # fmt: skip
+    save_model_dir(DecoderLM(cfg), tmp_path)
+    tok.save(tmp_path)
+    s = ServerProcess(tmp_path)
+    try:
+        for domain in ("Runtime", "Log", "Page"):
+            chromium.send(f"{domain}.enable")
+        chromium.send("Page.navigate", url=s.url + "/")
+        chromium.wait_for("Page.loadEventFired")
+        traced(chromium, "")
+        assert chromium.js("serverSide") is True
+        set_value(chromium, "top-k", "7")
+        wait_js(chromium, "page.distribution.top_k === 7 && dist.n_kept === 7")
+        assert chromium.js("document.getElementById('kept').textContent").startswith("7 of 1204")
+        assert chromium.js("document.querySelectorAll('#bars > div.kept').length") == 7
+        assert chromium.errors() == []
+    finally:
+        s.stop()
