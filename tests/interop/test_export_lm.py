@@ -31,15 +31,14 @@ ct2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (a
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (aiayn[export])")
 pytest.importorskip("onnxscript", reason="onnxscript is not installed (aiayn[export])")
 
-from aiayn.interop.export_ct2 import export_ctranslate2  # noqa: E402
 from aiayn.interop.export_lm import (  # noqa: E402
     OnnxLM,
-    generate_onnx,
-    load_generator,
+    export_lm_onnx,
     past_names,
     present_names,
 )
-from aiayn.interop.export_onnx import export_onnx  # noqa: E402
+from aiayn.interop.export_lm_ct2 import export_lm_ctranslate2  # noqa: E402
+from aiayn.interop.lm_engines import generate_onnx, load_generator  # noqa: E402
 
 TEXT = (
     "ROMEO: But soft, what light through yonder window breaks?\n"
@@ -99,13 +98,14 @@ def lm_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def onnx_exports(lm_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
-    return {n: export_onnx(d, tmp_path_factory.mktemp("x") / "onnx") for n, d in lm_dirs.items()}
+    return {n: export_lm_onnx(d, tmp_path_factory.mktemp("x") / "onnx") for n, d in lm_dirs.items()}
 
 
 @pytest.fixture(scope="module")
 def ct2_exports(lm_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
     return {
-        n: export_ctranslate2(d, tmp_path_factory.mktemp("x") / "ct2") for n, d in lm_dirs.items()
+        n: export_lm_ctranslate2(d, tmp_path_factory.mktemp("x") / "ct2")
+        for n, d in lm_dirs.items()
     }
 
 

@@ -214,7 +214,13 @@ def test_an_lm_server_says_what_it_holds(client):
         assert r.status_code == 404, path
         assert r.json() == {"error": "this server holds a language model: POST /v1/generate"}
     paths = client.get("/openapi.json").json()["paths"]
-    assert sorted(paths) == ["/health", "/v1/explain/seed", "/v1/generate", "/v1/model"]
+    assert sorted(paths) == [
+        "/health",
+        "/v1/explain/lm",
+        "/v1/explain/seed",
+        "/v1/generate",
+        "/v1/model",
+    ]
 
 
 def test_a_translator_server_refuses_generate(served_model_dir):
@@ -298,5 +304,6 @@ def test_schemathesis_finds_nothing_on_an_lm_server(lm_dir, tmp_path):
     from .test_serve_fuzz import fuzz
 
     result = fuzz(lm_dir, tmp_path, 8, "--max-beam", "4")
-    assert result["operations"]["tested"] == 4  # /health, /v1/model, /v1/explain/seed, generate
+    # /health, /v1/model, /v1/explain/seed, /v1/explain/lm, /v1/generate
+    assert result["operations"]["tested"] == 5
     assert result["test_cases"]["with_failures"] == 0 and not result["errors"]

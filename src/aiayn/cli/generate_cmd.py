@@ -115,7 +115,7 @@ def _load(args: argparse.Namespace) -> Generator:
         return Generator.load(args.model, device=args.device, dtype=args.dtype)
     if args.device not in ("auto", "cpu") or args.dtype not in ("auto", "fp32"):
         raise AiaynError("an exported model runs on the CPU in fp32: leave out --device/--dtype")
-    from aiayn.interop.export_lm import load_generator
+    from aiayn.interop.lm_engines import load_generator
 
     return load_generator(args.model, threads=args.threads)
 

@@ -90,11 +90,24 @@ def add_export(sub: argparse._SubParsersAction) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    if args.engine == "ctranslate2":
+    from aiayn.interop.export_dir import source_architecture
+
+    lm = source_architecture(args.model, args.out) == "DecoderLM"
+    if args.engine == "ctranslate2" and lm:
+        from aiayn.interop.export_lm_ct2 import export_lm_ctranslate2
+
+        out = export_lm_ctranslate2(args.model, args.out, args.quantization)
+        what = f"CTranslate2 ({args.quantization})"
+    elif args.engine == "ctranslate2":
         from aiayn.interop.export_ct2 import export_ctranslate2
 
         out = export_ctranslate2(args.model, args.out, args.quantization)
         what = f"CTranslate2 ({args.quantization})"
+    elif lm:
+        from aiayn.interop.export_lm import export_lm_onnx
+
+        out = export_lm_onnx(args.model, args.out)
+        what = "ONNX (model.onnx)"
     else:
         from aiayn.interop.export_onnx import export_onnx
 
@@ -106,7 +119,7 @@ def run_export(args: argparse.Namespace) -> int:
         files = "model.onnx" if args.engine == "onnx" else args.quantization
         print(
             f"exported {args.model} (a language model) as {args.engine} ({files}) to {out}; run "
-            f"it from Python: aiayn.interop.export_lm.load_generator({str(out)!r}).generate(...)"
+            f"it from Python: aiayn.interop.lm_engines.load_generator({str(out)!r}).generate(...)"
         )
         return 0
     print(f"exported {args.model} as {what} to {out}; run it: aiayn translate --model {out}")

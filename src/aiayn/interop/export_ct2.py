@@ -221,10 +221,11 @@ def export_ctranslate2(model_dir: Path, out: Path, quantization: str = "float32"
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"--quantization {quantization!r}: choose one of {list(QUANTIZATIONS)}")
     ct2 = import_ctranslate2()
-    if source_architecture(model_dir, out) == "DecoderLM":  # a language model: its generator
-        from aiayn.interop.export_lm_ct2 import export_lm_ctranslate2
-
-        return export_lm_ctranslate2(model_dir, out, quantization)
+    if source_architecture(model_dir, out) == "DecoderLM":  # export_lm_ct2 builds on this one
+        raise ConfigError(
+            f"{model_dir} holds a language model: aiayn.interop.export_lm_ct2."
+            "export_lm_ctranslate2 exports it (`aiayn export ctranslate2` calls it)"
+        )
     model, tok, decode = load_source(model_dir, out)
     spec = transformer_spec(model, tok)
     spec.optimize(quantization=quantization)

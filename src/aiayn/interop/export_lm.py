@@ -19,10 +19,8 @@ beam and seeded sampling are aiayn.search's own code and give aiayn's tokens.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -37,7 +35,7 @@ from aiayn.interop.export_onnx import OPSET, _export, import_onnxruntime
 from aiayn.nn.kv_cache import KVCache, Memory
 from aiayn.nn.variants import DecoderLM, PromptMemory
 from aiayn.runtime.device import choose_precision
-from aiayn.store.directory import ModelDir, open_model_dir
+from aiayn.store.directory import ModelDir
 from aiayn.text.tokenizer import Tokenizer
 
 LM_FILE = "model.onnx"
@@ -267,26 +265,3 @@ def check_lm_export(opened: ModelDir) -> None:
             f"{opened.path} is an export of a {opened.architecture or 'Transformer'}, not of a "
             "language model (a DecoderLM)"
         )
-
-
-def load_generator(
-    directory: str | Path | ModelDir, cfg: DecodeConfig | None = None, threads: int = 0
-) -> Generator:
-    """The generator of a language model export (`aiayn export onnx|ctranslate2`)."""
-    opened = open_model_dir(directory)
-    check_lm_export(opened)
-    cfg = cfg or opened.decode
-    if opened.meta["engine"] == "onnxruntime":
-        return OnnxGenerator(OnnxLM(opened.path, opened.model_cfg, threads), opened.tokenizer, cfg)
-    from aiayn.interop.export_lm_ct2 import Ct2Generator
-
-    return Ct2Generator.load(opened, cfg, threads)
-
-
-def generate_onnx(
-    export_dir: str | Path, prompts: Sequence[str], max_tokens: int, **overrides: Any
-) -> list[list[int]]:
-    """Greedy (or, with sample=True, seeded sampled) continuations' token ids of `prompts`."""
-    gen = load_generator(export_dir)
-    cfg = gen.settings(max_tokens, **({"sample": False} | overrides))
-    return [g[0].tokens for g in gen.generate_all(prompts, cfg)]

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from aiayn.atomic import atomic_dir
 from aiayn.config import ModelConfig
-from aiayn.errors import AiaynError
+from aiayn.errors import AiaynError, ConfigError
 from aiayn.interop.export_dir import load_source, source_architecture, write_export_meta
 from aiayn.nn.kv_cache import KVCache, Memory
 from aiayn.nn.model import DecoderLayer, Transformer
@@ -199,13 +199,14 @@ def export_graphs(model: Transformer, directory: Path) -> None:
 
 def export_onnx(model_dir: Path, out: Path) -> Path:
     """`aiayn export onnx`: write encoder.onnx, decoder.onnx, the tokenizer and
-    aiayn_export.json for the model in `model_dir` to `out` (a language model: one graph,
-    `aiayn.interop.export_lm`). Returns `out`."""
+    aiayn_export.json for the translator in `model_dir` to `out` (a language model's one
+    graph: `aiayn.interop.export_lm`). Returns `out`."""
     ort = import_onnxruntime()
-    if source_architecture(model_dir, out) == "DecoderLM":
-        from aiayn.interop.export_lm import export_lm_onnx
-
-        return export_lm_onnx(model_dir, out)
+    if source_architecture(model_dir, out) == "DecoderLM":  # export_lm builds on this one
+        raise ConfigError(
+            f"{model_dir} holds a language model: aiayn.interop.export_lm.export_lm_onnx "
+            "exports it (`aiayn export onnx` calls it)"
+        )
 
     model, tok, decode = load_source(model_dir, out)
     with atomic_dir(out) as tmp:

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from aiayn.errors import ConfigError, DataError
+from aiayn.text.text_check import text_files
 from aiayn.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -36,23 +37,9 @@ CHUNK_CHARS = 1 << 20
 
 def text_paths(spec: str) -> list[Path]:
     """The files `spec` names: comma-separated paths, a folder standing for its *.txt files."""
-    paths: list[Path] = []
-    for part in (p.strip() for p in spec.split(",")):
-        if not part:
-            continue
-        path = Path(part)
-        if path.is_dir():
-            found = sorted(p for p in path.glob("*.txt") if p.is_file())
-            if not found:
-                raise DataError(f"{path}: a folder with no *.txt files")
-            paths.extend(found)
-        elif path.is_file():
-            paths.append(path)
-        else:
-            raise DataError(f"{path}: no such file or folder")
-    if not paths:
+    if not spec.replace(",", "").strip():
         raise ConfigError("train.text is empty: give a text file (--set train.text=FILE)")
-    return paths
+    return text_files(spec)
 
 
 def read_text(path: Path) -> str:

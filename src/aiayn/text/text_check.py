@@ -59,7 +59,7 @@ _BOM = b"\xef\xbb\xbf"
 
 def text_files(spec: str | Path | list[Path]) -> list[Path]:
     """The files of `train.text`: comma-separated paths, a folder standing for its *.txt files
-    (aiayn.text.lm_data.text_paths, without importing torch). DataError for a missing one."""
+    (what a language model's run reads: aiayn.text.lm_data). DataError for a missing one."""
     parts = [Path(p) for p in spec] if isinstance(spec, list) else str(spec).split(",")
     paths: list[Path] = []
     for path in (Path(str(p).strip()) for p in parts if str(p).strip()):
