@@ -118,8 +118,8 @@ def run_export(args: argparse.Namespace) -> int:
     if ModelDir.open(out).architecture == "DecoderLM":
         files = "model.onnx" if args.engine == "onnx" else args.quantization
         print(
-            f"exported {args.model} (a language model) as {args.engine} ({files}) to {out}; run "
-            f"it from Python: aiayn.interop.lm_engines.load_generator({str(out)!r}).generate(...)"
+            f"exported {args.model} (a language model) as {args.engine} ({files}) to {out}; "
+            f"run it: aiayn generate --model {out} --prompt TEXT"
         )
         return 0
     print(f"exported {args.model} as {what} to {out}; run it: aiayn translate --model {out}")
