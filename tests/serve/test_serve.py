@@ -44,23 +44,8 @@ def server(served_model_dir):
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def translator(served_model_dir):
     return Translator.load(served_model_dir, device="cpu")
-
-
-@pytest.fixture
-def one_thread():
-    """The server decodes with one torch thread; so does the in-process reference."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def hyps_of(translator, lines, **settings):

@@ -50,23 +50,8 @@ def server(lm_dir):
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def generator(lm_dir):
     return Generator.load(lm_dir, device="cpu")
-
-
-@pytest.fixture
-def one_thread():
-    """The server decodes with one torch thread; so does the in-process reference."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def events(text: str) -> list[tuple[str, dict]]:

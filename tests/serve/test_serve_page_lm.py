@@ -51,12 +51,6 @@ def server(lm_dir):
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def lm(lm_dir):
     """The model and tokenizer in-process, on one thread (as the server decodes)."""
     g = Generator.load(lm_dir, device="cpu")  # as the server loads it
