@@ -134,6 +134,20 @@ def format_number(x: float, precision: int) -> str:
     return f"{x:.{precision}f}"
 
 
+def token_lines(trace: Explanation) -> list[str]:
+    """The traced input, a token a line: position, id, piece."""
+    return [
+        f"  {i:>3}  id {t:<6} {p!r}"
+        for i, (t, p) in enumerate(zip(trace.src_ids, trace.src_pieces, strict=True))
+    ]
+
+
+def entry_lines(e: Entry, view: View) -> list[str]:
+    """One traced tensor: its name, shape and meaning, then its numbers as `view` shows them."""
+    shape = "x".join(str(s) for s in e.value.shape)
+    return ["", f"{e.name}  [{shape}]  {e.description}", *_table(e, view)]
+
+
 def _table(entry: Entry, view: View) -> list[str]:
     value = entry.value.float()
     if value.dim() == 1:
@@ -199,15 +213,11 @@ def to_text(trace: Explanation, view: View | None = None) -> str:
         "",
         "== tokens (SentencePiece pieces and ids; the source ends in </s>) ==",
     ]
-    out += [
-        f"  {i:>3}  id {t:<6} {p!r}"
-        for i, (t, p) in enumerate(zip(trace.src_ids, trace.src_pieces, strict=True))
-    ]
+    out += token_lines(trace)
     for title, entries, step in sections(trace, view):
         out += ["", f"== {title} =="]
         for e in entries:
-            shape = "x".join(str(s) for s in e.value.shape)
-            out += ["", f"{e.name}  [{shape}]  {e.description}", *_table(e, view)]
+            out += entry_lines(e, view)
         if step is not None:
             out += ["", *top_k_lines(trace, step)]
     out += [

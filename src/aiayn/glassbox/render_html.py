@@ -19,6 +19,25 @@ font-family:system-ui}h2{margin-top:1.5em;border-bottom:1px solid #ccc}
 pre{background:#f8f8f8;padding:.5em}"""
 
 
+def token_table_html(trace: Explanation) -> str:
+    """The traced input as a table: position, id, piece."""
+    esc = html.escape
+    rows = "".join(
+        f"<tr><td>{i}</td><td>{t}</td><td>{esc(p)}</td></tr>"
+        for i, (t, p) in enumerate(zip(trace.src_ids, trace.src_pieces, strict=True))
+    )
+    return f"<h2>tokens</h2><table><tr><th>pos</th><th>id</th><th>piece</th></tr>{rows}</table>"
+
+
+def entry_html(e: Entry, view: View) -> str:
+    """One traced tensor, folded: its name, shape and meaning, its numbers inside."""
+    esc = html.escape
+    return (
+        f"<details><summary>{esc(e.name)} <span>[{'x'.join(map(str, e.value.shape))}] "
+        f"{esc(e.description)}</span></summary>{_html_table(e, view)}</details>"
+    )
+
+
 def _html_table(e: Entry, view: View) -> str:
     value = e.value.float()
     if value.dim() == 1:
@@ -58,20 +77,11 @@ def to_html(trace: Explanation, view: View | None = None) -> str:
         f"<h1>aiayn explain</h1><p>source: <b>{esc(trace.source)}</b><br>"
         f"{SEARCH_NAME[trace.search]}: "
         f"<b>{esc(trace.translation)}</b></p><pre>{esc(json.dumps(trace.config))}</pre>",
-        "<h2>tokens</h2><table><tr><th>pos</th><th>id</th><th>piece</th></tr>",
-        *(
-            f"<tr><td>{i}</td><td>{t}</td><td>{esc(p)}</td></tr>"
-            for i, (t, p) in enumerate(zip(trace.src_ids, trace.src_pieces, strict=True))
-        ),
-        "</table>",
+        token_table_html(trace),
     ]
     for title, entries, step in sections(trace, view):
         parts.append(f"<h2>{esc(title)}</h2>")
-        for e in entries:
-            parts.append(
-                f"<details><summary>{esc(e.name)} <span>[{'x'.join(map(str, e.value.shape))}] "
-                f"{esc(e.description)}</span></summary>{_html_table(e, view)}</details>"
-            )
+        parts += [entry_html(e, view) for e in entries]
         if step is not None:
             parts.append(f"<pre>{esc(chr(10).join(top_k_lines(trace, step)))}</pre>")
     if isinstance(trace.beam, BeamTrace):

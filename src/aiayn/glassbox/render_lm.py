@@ -18,11 +18,12 @@ from aiayn.glassbox.render import (
     View,
     _jsonable,
     _layer,
-    _table,
     _which,
+    entry_lines,
+    token_lines,
     top_k_lines,
 )
-from aiayn.glassbox.render_html import _CSS, _html_table
+from aiayn.glassbox.render_html import _CSS, entry_html, token_table_html
 
 GENERATION = {"greedy": "greedy continuation", "sample": "sampled continuation"}
 CAUSAL_NOTE = (
@@ -71,15 +72,11 @@ def lm_to_text(trace: Explanation, view: View | None = None) -> str:
         "",
         "== tokens (BOS + the prompt, as `aiayn generate` feeds them) ==",
     ]
-    out += [
-        f"  {i:>3}  id {t:<6} {p!r}"
-        for i, (t, p) in enumerate(zip(trace.src_ids, trace.src_pieces, strict=True))
-    ]
+    out += token_lines(trace)
     for title, entries, step in lm_sections(trace, view):
         out += ["", f"== {title} =="]
         for e in entries:
-            shape = "x".join(str(s) for s in e.value.shape)
-            out += ["", f"{e.name}  [{shape}]  {e.description}", *_table(e, view)]
+            out += entry_lines(e, view)
         if step is None and title.startswith("next token") and trace.distribution:
             out += ["", *distribution_lines(trace.distribution, view.precision)]
         if step is not None:
@@ -157,20 +154,11 @@ def lm_to_html(trace: Explanation, view: View | None = None) -> str:
         f"<h1>aiayn explain: language model</h1><p>prompt: <b>{esc(trace.source)}</b><br>"
         f"{search}: <b>{esc(trace.translation)}</b></p><pre>{esc(json.dumps(trace.config))}</pre>",
         f"<p>{esc(CAUSAL_NOTE)}</p>",
-        "<h2>tokens</h2><table><tr><th>pos</th><th>id</th><th>piece</th></tr>",
-        *(
-            f"<tr><td>{i}</td><td>{t}</td><td>{esc(p)}</td></tr>"
-            for i, (t, p) in enumerate(zip(trace.src_ids, trace.src_pieces, strict=True))
-        ),
-        "</table>",
+        token_table_html(trace),
     ]
     for title, entries, step in lm_sections(trace, view):
         parts.append(f"<h2>{esc(title)}</h2>")
-        for e in entries:
-            parts.append(
-                f"<details><summary>{esc(e.name)} <span>[{'x'.join(map(str, e.value.shape))}] "
-                f"{esc(e.description)}</span></summary>{_html_table(e, view)}</details>"
-            )
+        parts += [entry_html(e, view) for e in entries]
         if step is None and title.startswith("next token") and trace.distribution:
             lines = distribution_lines(trace.distribution, view.precision)
             parts.append(f"<pre>{esc(chr(10).join(lines))}</pre>")
