@@ -225,6 +225,11 @@ class DecodeConfig:
     seed: int = 0
 
 
+# A language model's search defaults where its directory saves none: sampling at temperature 1
+# (the model's own distribution), 200 new tokens.
+LM_DEFAULTS = DecodeConfig(beam_size=1, sample=True, max_len_a=0.0, max_len_b=200, alpha=0.0)
+
+
 @dataclass(frozen=True)
 class Config:
     """Everything one run needs: `configs/*.toml` files hold these three tables."""

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from aiayn.config import DecodeConfig, check_decode_config
+from aiayn.config import LM_DEFAULTS, DecodeConfig, check_decode_config
 from aiayn.errors import ConfigError
 from aiayn.nn.variants import DecoderLM
 from aiayn.runtime.device import Precision, choose_precision
@@ -40,9 +40,6 @@ log = logging.getLogger(__name__)
 
 # Rows searched together: prompts x samples (each row its own KV cache).
 BATCH_ROWS = 64
-# The search settings of a language model where its directory saves none: sampling at
-# temperature 1 (the model's own distribution), 200 new tokens.
-LM_DEFAULTS = DecodeConfig(beam_size=1, sample=True, max_len_a=0.0, max_len_b=200, alpha=0.0)
 
 OnToken = Callable[[int, str], None]  # (output row, its new text)
 
@@ -89,10 +86,9 @@ class Generator:
         dtype: str = "auto",
     ) -> Generator:
         """From a model directory (`aiayn train --config lm`, `aiayn import gpt2`); without
-        `cfg`, the search settings saved with it, else `LM_DEFAULTS`."""
+        `cfg`, the search settings saved with it (`aiayn.config.LM_DEFAULTS` if none)."""
         opened, model, precision = load_for_decoding(directory, DecoderLM, device, dtype)
-        saved = opened.decode if (opened.path / "run_config.json").is_file() else None
-        return cls(model, opened.tokenizer, cfg or saved, precision)
+        return cls(model, opened.tokenizer, cfg or opened.decode, precision)
 
     def settings(self, max_tokens: int | None = None, **overrides: object) -> DecodeConfig:
         """The default settings with any DecodeConfig field replaced; `max_tokens`: new tokens

@@ -119,9 +119,7 @@ def explain_report(
 def lm_settings(opened: ModelDir, overrides: dict[str, object] | None) -> DecodeConfig:
     """A language model's search settings, as `aiayn generate` takes them (the directory's
     saved `[decode]` table, else `LM_DEFAULTS`), with `overrides` replaced; checked."""
-    from aiayn.generate.generator import LM_DEFAULTS
-
-    saved = opened.decode if (opened.path / "run_config.json").is_file() else LM_DEFAULTS
+    saved = opened.decode
     fields = {**(overrides or {}), "beam_size": 1, "nbest": 1}
     cfg = dataclasses.replace(saved, **fields)  # type: ignore[arg-type]
     check_decode_config(cfg)

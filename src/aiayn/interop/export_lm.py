@@ -27,9 +27,9 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.atomic import atomic_dir, check_new_dir
-from aiayn.config import DecodeConfig, ModelConfig, check_decode_config
+from aiayn.config import LM_DEFAULTS, DecodeConfig, ModelConfig, check_decode_config
 from aiayn.errors import AiaynError, ConfigError
-from aiayn.generate.generator import LM_DEFAULTS, Generator
+from aiayn.generate.generator import Generator
 from aiayn.interop.export_dir import write_export_meta
 from aiayn.interop.export_onnx import OPSET, _export, import_onnxruntime
 from aiayn.nn.kv_cache import KVCache, Memory
@@ -153,8 +153,7 @@ def load_lm_source(model_dir: Path, out: Path) -> tuple[DecoderLM, Tokenizer, De
     check_new_dir(out)
     source = ModelDir.open(model_dir)
     model = source.load_model(DecoderLM)
-    saved = (source.path / "run_config.json").is_file()
-    return model, source.tokenizer, source.decode if saved else LM_DEFAULTS
+    return model, source.tokenizer, source.decode
 
 
 # --- running it ---------------------------------------------------------------------------------

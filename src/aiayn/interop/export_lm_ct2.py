@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aiayn.atomic import atomic_dir
-from aiayn.config import DecodeConfig, ModelConfig, check_decode_config
+from aiayn.config import LM_DEFAULTS, DecodeConfig, ModelConfig, check_decode_config
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.generate.generator import LM_DEFAULTS, Generator
+from aiayn.generate.generator import Generator
 from aiayn.interop.export_ct2 import (
     QUANTIZATIONS,
     _encoder_layer,

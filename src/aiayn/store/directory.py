@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar, cast
 import torch
 
 from aiayn.atomic import read_json_object
-from aiayn.config import DecodeConfig, ModelConfig, check_decode_config
+from aiayn.config import LM_DEFAULTS, DecodeConfig, ModelConfig, check_decode_config
 from aiayn.config_files import RUN_CONFIG_FILE, from_dict, read_run_config
 from aiayn.errors import CheckpointError
 from aiayn.nn.model import _ModelBase
@@ -54,10 +54,12 @@ def read_export_meta(directory: str | Path) -> dict[str, Any]:
     return meta
 
 
-def saved_decode_config(directory: str | Path) -> DecodeConfig:
-    """The `[decode]` table saved with a model (or run) directory, or the defaults if there is
-    none."""
-    table = read_run_config(directory).get("decode", {})
+def saved_decode_config(directory: str | Path, default: DecodeConfig | None = None) -> DecodeConfig:
+    """The `[decode]` table saved with a model (or run) directory, or if there is none
+    `default` (the paper's search: `DecodeConfig()`)."""
+    table = read_run_config(directory).get("decode")
+    if table is None:
+        return default or DecodeConfig()
     return _decode_config(table, f"{Path(directory) / RUN_CONFIG_FILE} is unreadable")
 
 
@@ -97,7 +99,10 @@ class ModelDir:
                 ),
             )
         meta = read_model_meta(path)
-        return cls(path, "aiayn", meta, model_config_of(meta, path), saved_decode_config(path))
+        # a language model (an import, say) with no saved table samples, as `generate` does
+        default = LM_DEFAULTS if meta.get("architecture") == "DecoderLM" else None
+        decode = saved_decode_config(path, default)
+        return cls(path, "aiayn", meta, model_config_of(meta, path), decode)
 
     @property
     def is_export(self) -> bool:

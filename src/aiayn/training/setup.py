@@ -23,10 +23,9 @@ import torch
 import torch.distributed as dist
 
 from aiayn.atomic import atomic_write_json, atomic_write_text
-from aiayn.config import Config, DecodeConfig, TrainConfig, check_recipe
+from aiayn.config import LM_DEFAULTS, Config, DecodeConfig, TrainConfig, check_recipe
 from aiayn.config_files import RUN_CONFIG_FILE, to_dict
 from aiayn.errors import ConfigError
-from aiayn.generate.generator import LM_DEFAULTS
 from aiayn.nn.model import Transformer
 from aiayn.nn.variants import DecoderLM
 from aiayn.runtime.device import choose_precision
