@@ -1,17 +1,18 @@
 """Sampling speed of a decoder-only LM: aiayn's search (what `aiayn generate` runs) against
 Hugging Face `GPT2LMHeadModel.generate()`, on the same function.
 
-One randomly initialised GPT-2 of nanoGPT's CPU-example size (4 layers, 4 heads, d_model 128,
-context 256, a 512-token vocabulary) is built with transformers and opened in aiayn through
-`aiayn import gpt2` (`aiayn.interop.gpt2`: logits equal within 1e-4), so both sides compute
-the same model. Both sample with the same settings (temperature 0.8, top-k 200: nanoGPT's
-sample.py), the KV cache on both, exactly `--new` tokens each (EOS forbidden until then: aiayn
-`min_len`, HF `min_new_tokens`), from prompts of 16 tokens, at batch 1 and batch 8. The timed
-runs are interleaved (aiayn, HF, aiayn, HF, ...) in one process on one thread, so load from
-other processes hits both alike; each figure is the median over `--reps`, in new tokens per
-second. The last line printed is one JSON object.
+One randomly initialised GPT-2 is built, of nanoGPT's CPU-example size (`--size cpu`: 4 layers,
+4 heads, d_model 128) or of its shakespeare_char size (`--size char`: 6 layers, 6 heads, d_model
+384), context 256 and a 512-token vocabulary either way; it is built with transformers and
+opened in aiayn through `aiayn import gpt2` (`aiayn.interop.gpt2`: logits equal within 1e-4), so
+both sides compute the same model. Both sample with the same settings (temperature 0.8, top-k
+200: nanoGPT's sample.py), the KV cache on both, exactly `--new` tokens each (EOS forbidden
+until then: aiayn `min_len`, HF `min_new_tokens`), from prompts of 16 tokens, at batch 1 and
+batch 8. The timed runs are interleaved (aiayn, HF, aiayn, HF, ...) in one process on one
+thread, so load from other processes hits both alike; each figure is the median over `--reps`,
+in new tokens per second. The last line printed is one JSON object.
 
-    python bench/lm_generate_speed.py [--reps 7] [--new 200] [--threads 1]
+    python bench/lm_generate_speed.py [--size cpu|char] [--reps 7] [--new 200] [--threads 1]
 
 Needs transformers (the `bench` or `test` extra); aiayn never imports it.
 """
@@ -35,18 +36,19 @@ from aiayn.search.decode import search
 from aiayn.store.model_dir import load_model_dir
 
 VOCAB, CONTEXT, PROMPT = 512, 256, 16
+SIZES = {"cpu": (4, 4, 128), "char": (6, 6, 384)}  # layers, heads, width (nanoGPT's configs)
 
 
-def build(tmp: Path) -> tuple[torch.nn.Module, torch.nn.Module]:
+def build(tmp: Path, size: str = "cpu") -> tuple[torch.nn.Module, torch.nn.Module]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     cfg = GPT2Config(
         vocab_size=VOCAB,
         n_positions=CONTEXT,
-        n_embd=128,
-        n_layer=4,
-        n_head=4,
+        n_embd=SIZES[size][2],
+        n_layer=SIZES[size][0],
+        n_head=SIZES[size][1],
         bos_token_id=VOCAB - 1,
         eos_token_id=VOCAB - 1,
         resid_pdrop=0.0,
@@ -106,16 +108,19 @@ def time_both(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", choices=sorted(SIZES), default="cpu")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--new", type=int, default=200, help="new tokens per prompt")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     set_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        hf, lm = build(Path(tmp))
+        hf, lm = build(Path(tmp), args.size)
     g = torch.Generator().manual_seed(1)
     out: dict[str, object] = {
-        "model": "GPT-2 layout, 4 layers, 4 heads, d_model 128, vocab 512, context 256",
+        "model": "GPT-2 layout, {} layers, {} heads, d_model {}, vocab 512, context 256".format(
+            *SIZES[args.size]
+        ),
         "sampling": "temperature 0.8, top-k 200",
         "new_tokens": args.new,
         "prompt_tokens": PROMPT,
