@@ -71,7 +71,8 @@ def test_a_language_model_learns_its_text_and_records_its_held_out_share(tmp_pat
     assert "valid/loss" in events.Tags()["scalars"] and "train/loss" in events.Tags()["scalars"]
 
 
-def test_max_minutes_fits_the_budget_schedule(tmp_path):
+def test_max_minutes_fits_the_budget_schedule(tmp_path, caplog):
+    caplog.set_level("INFO")
     cfg = lm_config(
         tmp_path,
         lr_schedule="cosine_budget",
@@ -83,6 +84,8 @@ def test_max_minutes_fits_the_budget_schedule(tmp_path):
     result = train(cfg, progress=False)
     assert result.stopped in ("total_steps", "max_minutes")
     assert (result.out_dir / "averaged" / "model.safetensors").is_file()
+    assert "the schedule ends at step" in caplog.text  # the budget was fitted and said so ...
+    assert "translated" not in caplog.text  # ... without a translator's BLEU evidence
 
 
 def test_blocks_are_a_function_of_seed_and_step_and_windows_score_every_token_once():

@@ -73,10 +73,20 @@ def fit_budget(run: Run) -> bool:
         )
         # What the budget buys, said as soon as it is known (a short budget still runs: a
         # quick look is a fair wish, but it must not be a surprise at the end).
-        short, words = budget_words(run.cfg.model, st.total_steps, rate, tc.max_minutes)
-        (log.warning if short else log.info)("%s", words)
-        run.budget_short = short
+        _advise(run, st.total_steps, rate, always=True)
     return True
+
+
+def _advise(run: Run, total: int, rate: float, *, always: bool = False) -> None:
+    """Say what `total` steps buy (aiayn.training.takeoff), at the fit (`always`) or when a
+    re-fit crosses what the model needs. Translators only: the steps a model needs were
+    measured in BLEU, and no such evidence exists for a language model."""
+    if run.tc.task != "translate":
+        return
+    short, words = budget_words(run.cfg.model, total, rate, run.tc.max_minutes)
+    if always or short != run.budget_short:
+        (log.warning if short else log.info)("%s", words)
+    run.budget_short = short
 
 
 def _mark(run: Run) -> tuple[int, float, float]:
@@ -151,8 +161,5 @@ def refit_budget(run: Run) -> bool:
             old,
             run.planned_averages() or "none",
         )
-        short, words = budget_words(run.cfg.model, total, rate, tc.max_minutes)
-        if short != run.budget_short:  # the move crossed what the model needs: say so again
-            (log.warning if short else log.info)("%s", words)
-            run.budget_short = short
+        _advise(run, total, rate)  # the move may cross what the model needs: say so again
     return True
