@@ -181,6 +181,7 @@ def test_generate_and_evaluate_text_on_the_command_line(lm_dir, tmp_path, capsys
         (["--top-p", "1.5"], "top_p"),
         (["--top-k", "0"], "--top-k"),
         (["--max-tokens", "0"], "--max-tokens"),
+        (["--num-samples", "1000", "--max-tokens", "100000"], "held at once"),  # ~4 GB of ints
     ],
 )
 def test_bad_generation_settings_are_one_line(lm_dir, capsys, flags, says):

@@ -19,7 +19,10 @@ if TYPE_CHECKING:  # imported when the command runs: `aiayn --help` stays fast
 
 # The most new tokens one output may ask for from the command line (a server has its own).
 MAX_NEW_TOKENS = 1_000_000
-PROMPTS_A_BUFFER = 64  # --input's prompts read, generated and written at a time
+PROMPTS_A_BUFFER = 64  # --input's prompts read, generated and written at a time (at most)
+# Output tokens held at once (a buffer's prompts x samples x --max-tokens): each is a Python
+# int in its row's list until the row ends, ~40 bytes, so this bound is ~400 MB.
+MAX_HELD_TOKENS = 10_000_000
 
 
 def add_generate(sub: argparse._SubParsersAction) -> None:
@@ -70,6 +73,12 @@ def run_generate(args: argparse.Namespace) -> int:
         )
     if not 1 <= args.num_samples <= 1024:
         raise AiaynError(f"--num-samples must be in [1, 1024], got {args.num_samples}")
+    per_prompt = args.num_samples * (args.max_tokens or 0)
+    if per_prompt > MAX_HELD_TOKENS:
+        raise AiaynError(
+            f"--num-samples x --max-tokens = {per_prompt:,} tokens held at once; at most "
+            f"{MAX_HELD_TOKENS:,}"
+        )
     if args.greedy or args.beam is not None:
         if args.num_samples > 1:
             raise AiaynError("--num-samples draws samples: leave out --greedy and --beam")
@@ -97,7 +106,9 @@ def run_generate(args: argparse.Namespace) -> int:
 
     with args.input.open("rb") as f:  # streamed: a buffer of prompts at a time
         lines, line_no = read_lines(f, str(args.input)), 1
-        while chunk := list(itertools.islice(lines, PROMPTS_A_BUFFER)):
+        held = (cfg.nbest if cfg.sample else cfg.beam_size) * cfg.max_len_b
+        buffer = max(1, min(PROMPTS_A_BUFFER, MAX_HELD_TOKENS // max(held, 1)))
+        while chunk := list(itertools.islice(lines, buffer)):
             for gens in gen.generate_all(chunk, cfg, first_line_no=line_no):
                 for g in gens:  # each sample one line, a prompt's samples together, in order
                     out.write(" ".join(g.text.splitlines()) + "\n")
