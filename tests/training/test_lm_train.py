@@ -124,3 +124,14 @@ def test_text_too_short_for_a_block_and_binary_text_are_one_line(tmp_path):
     binary.write_bytes(b"\x00\x01" * 50)
     with pytest.raises(AiaynError, match="binary"):
         train(lm_config(tmp_path, text=str(binary)), progress=False)
+
+
+def test_every_block_target_is_scored_even_one_equal_to_pad():
+    """GPT-2's <|endoftext|> is its PAD and its EOS: a block's end-of-text targets must count."""
+    from aiayn.training.lm_setup import BlockLoader
+    from aiayn.training.loss import label_smoothed_loss
+
+    logits_PV, target_P = torch.randn(4, 6), torch.tensor([0, 3, 0, 5])  # 0: pad_id
+    _, nll_all = label_smoothed_loss(logits_PV, target_P, 0.0, BlockLoader.unscored(0))
+    want = torch.nn.functional.cross_entropy(logits_PV, target_P, reduction="sum")
+    torch.testing.assert_close(nll_all, want)

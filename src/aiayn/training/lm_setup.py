@@ -23,7 +23,14 @@ from aiayn.nn.variants import DecoderLM
 from aiayn.runtime.device import Precision
 from aiayn.runtime.distributed import Dist
 from aiayn.text.charset import ByteTokenizer, CharTokenizer
-from aiayn.text.lm_data import LMBatch, LMData, block_batch, block_offsets, read_texts
+from aiayn.text.lm_data import (
+    NOT_SCORED,
+    LMBatch,
+    LMData,
+    block_batch,
+    block_offsets,
+    read_texts,
+)
 from aiayn.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -96,6 +103,12 @@ class BlockLoader:
 
     def batch(self, offsets: list[int], pad_id: int) -> LMBatch:
         return block_batch(self.data.train, offsets, self.data.block)
+
+    @staticmethod
+    def unscored(pad_id: int) -> int:
+        """None: a block is never padded, so every target counts, PAD's id too where it is
+        also EOS (GPT-2's <|endoftext|>: an imported GPT-2 trained on text learns its ends)."""
+        return NOT_SCORED
 
 
 def validate_lm(

@@ -77,6 +77,11 @@ class StepLoader:
     def batch(self, idx: list[int], pad_id: int) -> Batch:
         return collate(self.data, idx, pad_id)
 
+    @staticmethod
+    def unscored(pad_id: int) -> int:
+        """The target id the loss skips: PAD, which pads a pair's target."""
+        return pad_id
+
     def next_step(
         self, epoch: int, batch_in_epoch: int
     ) -> tuple[list[list[int]], int, tuple[int, int]]:

@@ -137,7 +137,7 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
                 batches,
                 tokens=tokens,
                 lr=lr,
-                pad_id=pad_id,
+                pad_id=loader.unscored(pad_id),
                 tc=tc,
                 d=d,
                 precision=run.precision,
