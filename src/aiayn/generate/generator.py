@@ -31,6 +31,7 @@ from aiayn.runtime.device import Precision, choose_precision
 from aiayn.search.decode import search
 from aiayn.search.hypothesis import Hypothesis
 from aiayn.search.sampling import sample_seed
+from aiayn.search.step import Decodable
 from aiayn.search.step_view import StepView
 from aiayn.store.directory import ModelDir, load_for_decoding
 from aiayn.text.batches import pad_rows
@@ -60,21 +61,24 @@ class Generator:
 
     def __init__(
         self,
-        model: DecoderLM,
+        model: DecoderLM | Decodable,
         tokenizer: Tokenizer,
         cfg: DecodeConfig | None = None,
         precision: Precision | None = None,
     ) -> None:
-        if not isinstance(model, DecoderLM):
+        # An export's engine (aiayn.interop.lm_engines) is no torch module: it runs on the CPU.
+        is_torch = isinstance(model, torch.nn.Module)
+        if is_torch and not isinstance(model, DecoderLM):
             raise ConfigError(
                 f"a {type(model).__name__} is not a language model (a DecoderLM): "
                 "generate needs one (aiayn train --config lm)"
             )
         tokenizer.check_fits(model.cfg)
-        self.model, self.tokenizer = model.eval(), tokenizer
+        self.model: Decodable = model.eval() if isinstance(model, DecoderLM) else model
+        self.tokenizer = tokenizer
         self.cfg = cfg or LM_DEFAULTS
         check_decode_config(self.cfg, model.cfg.vocab_size)
-        self.device = next(model.parameters()).device
+        self.device = next(model.parameters()).device if is_torch else torch.device("cpu")  # type: ignore[union-attr]
         self.precision = precision or choose_precision("fp32", self.device)
 
     @classmethod

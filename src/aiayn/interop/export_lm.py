@@ -27,14 +27,13 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.atomic import atomic_dir, check_new_dir
-from aiayn.config import LM_DEFAULTS, DecodeConfig, ModelConfig, check_decode_config
+from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.generate.generator import Generator
 from aiayn.interop.export_dir import write_export_meta
 from aiayn.interop.export_onnx import OPSET, _export, import_onnxruntime
 from aiayn.nn.kv_cache import KVCache, Memory
 from aiayn.nn.variants import DecoderLM, PromptMemory
-from aiayn.runtime.device import choose_precision
 from aiayn.store.directory import ModelDir
 from aiayn.text.tokenizer import Tokenizer
 
@@ -243,16 +242,6 @@ class OnnxLM:
 class OnnxGenerator(Generator):
     """aiayn's `Generator` over an `OnnxLM` (CPU, fp32): the same prompts, settings, seeds and
     search, so the same tokens."""
-
-    def __init__(
-        self, model: OnnxLM, tokenizer: Tokenizer, cfg: DecodeConfig | None = None
-    ) -> None:
-        tokenizer.check_fits(model.cfg)
-        self.model, self.tokenizer = model, tokenizer  # type: ignore[assignment]  # a Decodable
-        self.cfg = cfg or LM_DEFAULTS
-        check_decode_config(self.cfg, model.cfg.vocab_size)
-        self.device = torch.device("cpu")
-        self.precision = choose_precision("fp32", self.device)
 
 
 def check_lm_export(opened: ModelDir) -> None:

@@ -19,10 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from aiayn.atomic import atomic_dir
-from aiayn.config import LM_DEFAULTS, DecodeConfig, ModelConfig, check_decode_config
+from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.generate.generator import Generator
 from aiayn.interop.export_ct2 import (
@@ -39,7 +37,6 @@ from aiayn.interop.export_ct2 import (
 from aiayn.interop.export_dir import write_export_meta
 from aiayn.interop.export_lm import ARCHITECTURE, load_lm_source
 from aiayn.nn.variants import DecoderLM
-from aiayn.runtime.device import choose_precision
 from aiayn.search.hypothesis import Hypothesis
 from aiayn.search.step_view import StepView
 from aiayn.store.directory import ModelDir
@@ -165,14 +162,6 @@ class Ct2Generator(Generator):
     """aiayn's `Generator` over CTranslate2: greedy only (module docstring), one call per
     output-length limit; `on_token` hears each output whole, at its end."""
 
-    def __init__(self, model: Ct2LM, tokenizer: Tokenizer, cfg: DecodeConfig | None = None) -> None:
-        tokenizer.check_fits(model.cfg)
-        self.model, self.tokenizer = model, tokenizer  # type: ignore[assignment]  # the engine
-        self.cfg = cfg or LM_DEFAULTS
-        check_decode_config(self.cfg, model.cfg.vocab_size)
-        self.device = torch.device("cpu")
-        self.precision = choose_precision("fp32", self.device)
-
     @classmethod
     def load(  # type: ignore[override]  # an export, not a model directory
         cls, opened: ModelDir, cfg: DecodeConfig | None = None, threads: int = 0
@@ -183,7 +172,8 @@ class Ct2Generator(Generator):
         except (RuntimeError, ValueError) as e:
             raise CheckpointError(f"CTranslate2 cannot load {opened.path}: {e}") from None
         tok = opened.tokenizer
-        return cls(Ct2LM(engine, opened.model_cfg, vocabulary(tok, opened.model_cfg)), tok, cfg)
+        model = Ct2LM(engine, opened.model_cfg, vocabulary(tok, opened.model_cfg))
+        return cls(model, tok, cfg)  # type: ignore[arg-type]  # searched by `_search` alone
 
     def _search(
         self,

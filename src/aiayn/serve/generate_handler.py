@@ -50,6 +50,7 @@ from aiayn.errors import AiaynError
 from aiayn.generate.generator import Generation, Generator
 from aiayn.glassbox.lm_page import lm_page_data
 from aiayn.nn.tracing import TraceTooLargeError
+from aiayn.nn.variants import DecoderLM
 from aiayn.serve.handlers import BaseServer, ServeOptions
 from aiayn.serve.jobs import BatchStats, ClosedError, QueueFullError
 from aiayn.serve.requests import (
@@ -214,11 +215,13 @@ class LMServer(BaseServer):
         setting is 422 and a trace over --max-trace-numbers 413, as /v1/explain answers: they
         come back as values, so the worker does not log them as its own failures."""
         g = self.generator
+        model = g.model
+        assert isinstance(model, DecoderLM)  # the server loads aiayn's own (launch.py)
 
         def work() -> dict[str, Any] | Exception:
             try:
                 return lm_page_data(
-                    g.model,
+                    model,
                     g.tokenizer,
                     body.q,
                     temperature=body.temperature,
