@@ -119,40 +119,10 @@ def lm_dir(tmp_path):
 
 
 def test_generate_and_evaluate_text_on_the_command_line(lm_dir, tmp_path, capsys):
-    assert (
-        main(
-            [
-                "generate",
-                "--model",
-                str(lm_dir),
-                "--prompt",
-                "the",
-                "--max-tokens",
-                "12",
-                "--seed",
-                "1",
-            ]
-        )
-        == 0
-    )
+    seeded = ["generate", "--model", str(lm_dir), "--prompt", "the", "--max-tokens", "12"]
+    assert main([*seeded, "--seed", "1"]) == 0
     one = capsys.readouterr().out
-    assert (
-        one.startswith("the")
-        and main(
-            [
-                "generate",
-                "--model",
-                str(lm_dir),
-                "--prompt",
-                "the",
-                "--max-tokens",
-                "12",
-                "--seed",
-                "1",
-            ]
-        )
-        == 0
-    )
+    assert one.startswith("the") and main([*seeded, "--seed", "1"]) == 0
     assert capsys.readouterr().out == one  # same seed, same text
     prompts = tmp_path / "p.txt"
     prompts.write_text("the\nto be\n\n")
