@@ -32,10 +32,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from aiayn.atomic import atomic_dir
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError, ConfigError
-from aiayn.interop.export_dir import load_source, source_architecture, write_export_meta
+from aiayn.interop.export_dir import load_source, source_architecture, write_export
 from aiayn.nn.model import DecoderLayer, EncoderLayer, Transformer
 from aiayn.text.tokenizer import JointTokenizer, MarianTokenizer, Tokenizer
 
@@ -229,17 +228,15 @@ def export_ctranslate2(model_dir: Path, out: Path, quantization: str = "float32"
     model, tok, decode = load_source(model_dir, out)
     spec = transformer_spec(model, tok)
     spec.optimize(quantization=quantization)
-    with atomic_dir(out) as tmp:
-        spec.save(str(tmp))
-        tok.save(tmp)
-        write_export_meta(
-            tmp,
-            engine="ctranslate2",
-            quantization=quantization,
-            model_cfg=model.cfg,
-            decode=decode,
-            source=model_dir,
-            files={"model": "model.bin"},
-            versions={"ctranslate2": ct2.__version__},
-        )
-    return out
+    return write_export(
+        out,
+        lambda d: spec.save(str(d)),
+        tok,
+        engine="ctranslate2",
+        quantization=quantization,
+        model_cfg=model.cfg,
+        decode=decode,
+        source=model_dir,
+        files={"model": "model.bin"},
+        versions={"ctranslate2": ct2.__version__},
+    )

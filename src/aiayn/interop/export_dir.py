@@ -13,9 +13,11 @@ OUT is either complete or absent; an OUT that exists and is not empty is refused
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from aiayn.atomic import atomic_write_json, check_new_dir
+from aiayn.atomic import atomic_dir, atomic_write_json, check_new_dir
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.config_files import to_dict
 from aiayn.errors import ConfigError
@@ -45,6 +47,19 @@ def source_architecture(model_dir: Path, out: Path) -> str:
             "Transformer (a translator) or a DecoderLM (a language model)"
         )
     return arch
+
+
+def write_export(
+    out: Path, engine_files: Callable[[Path], None], tok: Tokenizer, **meta: Any
+) -> Path:
+    """Write an export into `out` at once (staged, then renamed: `atomic_dir`): the engine's
+    files (`engine_files(staging_dir)`), the tokenizer and `aiayn_export.json` (`meta`: the
+    keywords of `write_export_meta`). Returns `out`."""
+    with atomic_dir(out) as tmp:
+        engine_files(tmp)
+        tok.save(tmp)
+        write_export_meta(tmp, **meta)
+    return out
 
 
 def write_export_meta(

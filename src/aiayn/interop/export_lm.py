@@ -26,11 +26,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from aiayn.atomic import atomic_dir, check_new_dir
+from aiayn.atomic import check_new_dir
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.generate.generator import Generator
-from aiayn.interop.export_dir import write_export_meta
+from aiayn.interop.export_dir import write_export
 from aiayn.interop.export_onnx import OPSET, _export, import_onnxruntime
 from aiayn.nn.kv_cache import KVCache, Memory
 from aiayn.nn.variants import DecoderLM, PromptMemory
@@ -125,25 +125,23 @@ def export_lm_onnx(model_dir: Path, out: Path) -> Path:
     """`aiayn export onnx` of a DecoderLM: model.onnx, the tokenizer and aiayn_export.json."""
     ort = import_onnxruntime()
     model, tok, decode = load_lm_source(model_dir, out)
-    with atomic_dir(out) as tmp:
-        export_lm_graph(model, tmp / LM_FILE)
-        tok.save(tmp)
-        write_export_meta(
-            tmp,
-            engine="onnxruntime",
-            quantization="float32",
-            model_cfg=model.cfg,
-            decode=decode,
-            source=model_dir,
-            files={"model": LM_FILE},
-            versions={
-                "torch": torch.__version__,
-                "onnxruntime": ort.__version__,
-                "opset": str(OPSET),
-            },
-            architecture=ARCHITECTURE,
-        )
-    return out
+    return write_export(
+        out,
+        lambda d: export_lm_graph(model, d / LM_FILE),
+        tok,
+        engine="onnxruntime",
+        quantization="float32",
+        model_cfg=model.cfg,
+        decode=decode,
+        source=model_dir,
+        files={"model": LM_FILE},
+        versions={
+            "torch": torch.__version__,
+            "onnxruntime": ort.__version__,
+            "opset": str(OPSET),
+        },
+        architecture=ARCHITECTURE,
+    )
 
 
 def load_lm_source(model_dir: Path, out: Path) -> tuple[DecoderLM, Tokenizer, DecodeConfig]:

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aiayn.atomic import atomic_dir
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.generate.generator import Generator
@@ -34,7 +33,7 @@ from aiayn.interop.export_ct2 import (
     import_ctranslate2,
     vocabulary,
 )
-from aiayn.interop.export_dir import write_export_meta
+from aiayn.interop.export_dir import write_export
 from aiayn.interop.export_lm import ARCHITECTURE, load_lm_source
 from aiayn.nn.variants import DecoderLM
 from aiayn.search.hypothesis import Hypothesis
@@ -101,21 +100,19 @@ def export_lm_ctranslate2(model_dir: Path, out: Path, quantization: str = "float
     model, tok, decode = load_lm_source(model_dir, out)
     spec = decoder_lm_spec(model, tok)
     spec.optimize(quantization=quantization)
-    with atomic_dir(out) as tmp:
-        spec.save(str(tmp))
-        tok.save(tmp)
-        write_export_meta(
-            tmp,
-            engine="ctranslate2",
-            quantization=quantization,
-            model_cfg=model.cfg,
-            decode=decode,
-            source=model_dir,
-            files={"model": "model.bin"},
-            versions={"ctranslate2": ct2.__version__},
-            architecture=ARCHITECTURE,
-        )
-    return out
+    return write_export(
+        out,
+        lambda d: spec.save(str(d)),
+        tok,
+        engine="ctranslate2",
+        quantization=quantization,
+        model_cfg=model.cfg,
+        decode=decode,
+        source=model_dir,
+        files={"model": "model.bin"},
+        versions={"ctranslate2": ct2.__version__},
+        architecture=ARCHITECTURE,
+    )
 
 
 # --- running it ---------------------------------------------------------------------------------

@@ -30,10 +30,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from aiayn.atomic import atomic_dir
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError, ConfigError
-from aiayn.interop.export_dir import load_source, source_architecture, write_export_meta
+from aiayn.interop.export_dir import load_source, source_architecture, write_export
 from aiayn.nn.kv_cache import KVCache, Memory
 from aiayn.nn.model import DecoderLayer, Transformer
 
@@ -209,24 +208,22 @@ def export_onnx(model_dir: Path, out: Path) -> Path:
         )
 
     model, tok, decode = load_source(model_dir, out)
-    with atomic_dir(out) as tmp:
-        export_graphs(model, tmp)
-        tok.save(tmp)
-        write_export_meta(
-            tmp,
-            engine="onnxruntime",
-            quantization="float32",
-            model_cfg=model.cfg,
-            decode=decode,
-            source=model_dir,
-            files={"encoder": ENCODER_FILE, "decoder": DECODER_FILE},
-            versions={
-                "torch": torch.__version__,
-                "onnxruntime": ort.__version__,
-                "opset": str(OPSET),
-            },
-        )
-    return out
+    return write_export(
+        out,
+        lambda d: export_graphs(model, d),
+        tok,
+        engine="onnxruntime",
+        quantization="float32",
+        model_cfg=model.cfg,
+        decode=decode,
+        source=model_dir,
+        files={"encoder": ENCODER_FILE, "decoder": DECODER_FILE},
+        versions={
+            "torch": torch.__version__,
+            "onnxruntime": ort.__version__,
+            "opset": str(OPSET),
+        },
+    )
 
 
 # --- running them -------------------------------------------------------------------------------
