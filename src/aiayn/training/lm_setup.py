@@ -1,7 +1,7 @@
 """What a language-model run (`train.task = "lm"`) sets up differently from a translator's:
 its vocabulary fitted to the text, its token streams, its batches of blocks and its validation.
 
-    prepare_lm_tokenizer  characters, bytes or a SentencePiece BPE of the training text
+    fit_lm_tokenizer      characters, bytes or a SentencePiece BPE of the training text
     BlockLoader           each step's blocks: `batch_size` random offsets, a function of
                           (seed, step), so a resumed run draws the same ones
     validate_lm           the loss per token over the whole validation stream, every token
@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import logging
 import math
-from pathlib import Path
 
-import torch.distributed as dist
-
-from aiayn.config import Config, TrainConfig
+from aiayn.config import TrainConfig
 from aiayn.errors import ConfigError
 from aiayn.generate.scoring import score_windows
 from aiayn.nn.variants import DecoderLM
@@ -36,32 +33,21 @@ from aiayn.text.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 
-def prepare_lm_tokenizer(
-    cfg: Config, out: Path, resume: Path | None, given: Tokenizer | None, d: Dist
-) -> Tokenizer:
-    """The run's vocabulary: reloaded on resume, else given or fitted to the training text."""
-    if resume is not None:
-        return Tokenizer.load(out)
-    if d.main:
-        tok = given
-        if tok is None:
-            tc = cfg.train
-            if tc.tokenizer == "byte":
-                tok = ByteTokenizer()
-            else:
-                texts = [text for _, text in read_texts(tc.text)]
-                if tc.tokenizer == "char":
-                    tok = CharTokenizer.fit(texts)
-                else:
-                    lines = [line for text in texts for line in text.splitlines()]
-                    log.info("training a %d-piece BPE tokenizer on %s", tc.vocab_size, tc.text)
-                    tok = Tokenizer.train(lines, tc.vocab_size, "bpe", exact=True)
-            log.info("vocabulary: %s, %d ids", tc.tokenizer, tok.vocab_size)
-        out.mkdir(parents=True, exist_ok=True)
-        tok.save(out)
-    if d.world > 1:
-        dist.barrier()
-    return tok if d.main else Tokenizer.load(out)  # type: ignore[return-value]
+def fit_lm_tokenizer(tc: TrainConfig) -> Tokenizer:
+    """A vocabulary fitted to the training text (`train.tokenizer`): its characters, bytes, or
+    a SentencePiece BPE that decodes any text back exactly."""
+    if tc.tokenizer == "byte":
+        tok: Tokenizer = ByteTokenizer()
+    else:
+        texts = [text for _, text in read_texts(tc.text)]
+        if tc.tokenizer == "char":
+            tok = CharTokenizer.fit(texts)
+        else:
+            lines = [line for text in texts for line in text.splitlines()]
+            log.info("training a %d-piece BPE tokenizer on %s", tc.vocab_size, tc.text)
+            tok = Tokenizer.train(lines, tc.vocab_size, "bpe", exact=True)
+    log.info("vocabulary: %s, %d ids", tc.tokenizer, tok.vocab_size)
+    return tok
 
 
 def blocks_per_batch(tc: TrainConfig, block: int) -> int:

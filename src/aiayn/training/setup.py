@@ -17,6 +17,7 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -45,7 +46,7 @@ from aiayn.text.lm_data import LMData, load_lm_data
 from aiayn.text.text_check import log_text_check
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.checks import check_batch_fits, check_model_fits
-from aiayn.training.lm_setup import prepare_lm_tokenizer
+from aiayn.training.lm_setup import fit_lm_tokenizer
 from aiayn.training.run import Run
 
 log = logging.getLogger(__name__)
@@ -61,29 +62,34 @@ def prepare_tokenizer(
 ) -> Tokenizer:
     """The run's tokenizer: reloaded on resume, else given or trained on the training text
     (without the pairs `heldout` leaves out of training)."""
+
+    def train_joint() -> Tokenizer:
+        tc = cfg.train
+        require_corpus(tc)
+        stats = DataStats()
+        texts = [
+            side for pair in read_parallel(tc.src, tc.tgt or None, stats, heldout) for side in pair
+        ]
+        if not texts:  # every pair dropped: say why, as load_data's report would
+            raise ConfigError(f"no training pairs left after filtering: {stats.report(tc.src)}")
+        both = f"{tc.src} and {tc.tgt}" if tc.tgt else tc.src  # one joint vocabulary
+        log.info(
+            "training a joint %d-piece %s tokenizer on %s", tc.vocab_size, tc.spm_model_type, both
+        )
+        return Tokenizer.train(texts, tc.vocab_size, tc.spm_model_type)
+
+    return shared_tokenizer(out, resume, given, d, train_joint)
+
+
+def shared_tokenizer(
+    out: Path, resume: Path | None, given: Tokenizer | None, d: Dist, make: Callable[[], Tokenizer]
+) -> Tokenizer:
+    """The run's tokenizer, the same on every rank: reloaded on resume; else rank 0 takes
+    `given` or `make()`s one and saves it in `out`, and the other ranks read that."""
     if resume is not None:
         return Tokenizer.load(out)
     if d.main:
-        tok = given
-        if tok is None:
-            tc = cfg.train
-            require_corpus(tc)
-            stats = DataStats()
-            texts = [
-                side
-                for pair in read_parallel(tc.src, tc.tgt or None, stats, heldout)
-                for side in pair
-            ]
-            if not texts:  # every pair dropped: say why, as load_data's report would
-                raise ConfigError(f"no training pairs left after filtering: {stats.report(tc.src)}")
-            both = f"{tc.src} and {tc.tgt}" if tc.tgt else tc.src  # one joint vocabulary
-            log.info(
-                "training a joint %d-piece %s tokenizer on %s",
-                tc.vocab_size,
-                tc.spm_model_type,
-                both,
-            )
-            tok = Tokenizer.train(texts, tc.vocab_size, tc.spm_model_type)
+        tok = given or make()
         out.mkdir(parents=True, exist_ok=True)
         tok.save(out)
     if d.world > 1:
@@ -121,7 +127,7 @@ def prepare_run(
     if lm:
         if not tc.text:
             raise ConfigError("train.text is empty: give the training text (--set train.text=FILE)")
-        tok = prepare_lm_tokenizer(cfg, out, resume, tokenizer, d)
+        tok = shared_tokenizer(out, resume, tokenizer, d, lambda: fit_lm_tokenizer(tc))
     else:
         tok = prepare_tokenizer(cfg, out, resume, tokenizer, d, heldout)
     if heldout is not None and d.main and resume is None:
