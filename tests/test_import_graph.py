@@ -21,8 +21,8 @@ PACKAGE = ROOT / "src" / "aiayn"
 FOUNDATIONS = ["errors", "atomic", "config", "config_files", "reference"]
 # The packages, bottom to top: the stages of the paper, then of a translator's life.
 PACKAGES = [
-    "runtime", "nn", "text", "search", "store", "translate", "generate", "training", "interop",
-    "glassbox", "serve", "cli",
+    "runtime", "nn", "text", "search", "store", "translate", "generate", "classify", "training",
+    "interop", "glassbox", "serve", "cli",
 ]  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from aiayn.config_files import load_config
 from aiayn.errors import AiaynError, CheckpointError, ConfigError, DataError
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editors
+    from aiayn.classify.classifier import Classifier
     from aiayn.cli.quickstart import quickstart_config
     from aiayn.generate.generator import Generator
     from aiayn.generate.scoring import score_text
@@ -38,7 +39,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editor
     from aiayn.nn.embeddings import sinusoidal_positions
     from aiayn.nn.model import AttentionMaps, KVCache, Memory, Transformer
     from aiayn.nn.tracing import Trace, tracing
-    from aiayn.nn.variants import DecoderLM, EncoderClassifier
+    from aiayn.nn.variants import DecoderLM, EncoderClassifier, EncoderMLM
     from aiayn.search.decode import beam_search, greedy_search, sample_search, search
     from aiayn.search.hypothesis import Hypothesis
     from aiayn.store.directory import ModelDir
@@ -66,6 +67,9 @@ _LAZY = {
     "tracing": "aiayn.nn.tracing",
     "DecoderLM": "aiayn.nn.variants",
     "EncoderClassifier": "aiayn.nn.variants",
+    "EncoderMLM": "aiayn.nn.variants",
+    # a classifier (docs/classify.md)
+    "Classifier": "aiayn.classify.classifier",
     "Tokenizer": "aiayn.text.tokenizer",
     "write_corpus": "aiayn.text.synthetic",
     "Hypothesis": "aiayn.search.hypothesis",
@@ -125,12 +129,14 @@ __all__ = [
     "AttentionView",
     "BeamView",
     "CheckpointError",
+    "Classifier",
     "Config",
     "ConfigError",
     "DataError",
     "DecodeConfig",
     "DecoderLM",
     "EncoderClassifier",
+    "EncoderMLM",
     "Explanation",
     "ForwardPassView",
     "Generator",

@@ -57,6 +57,12 @@ class ModelConfig:
     # and N(0, d_model^-0.5) embeddings (tensor2tensor, fairseq); "normal" = N(0, 0.02) for
     # both (BERT, Hugging Face's Marian and BART). Read only when a model is built to train.
     init: Literal["xavier", "normal"] = "xavier"
+    # An encoder-only classifier's: the sentence vector is the mean over real tokens ("mean")
+    # or the first position's, where every input starts with BOS as BERT's [CLS] ("cls");
+    # `pooler` passes it through a tanh(dense) layer first (BERT's pooler)
+    pooling: Literal["mean", "cls"] = "mean"
+    pooler: bool = False
+    embed_norm: bool = False  # a LayerNorm over the embedding sum (BERT's; not the paper's)
     pad_id: int = PAD_ID
     bos_id: int = BOS_ID
     eos_id: int = EOS_ID
@@ -81,6 +87,10 @@ class ModelConfig:
             (
                 self.activation in ("relu", "swish", "gelu", "gelu_tanh"),
                 f"activation={self.activation!r}: choose 'relu', 'swish', 'gelu' or 'gelu_tanh'",
+            ),
+            (
+                self.pooling in ("mean", "cls"),
+                f"pooling={self.pooling!r}: choose 'mean' or 'cls'",
             ),
             (
                 self.init in ("xavier", "normal"),
@@ -132,8 +142,10 @@ class TrainConfig:
     """The training recipe (§5). Defaults are the paper's where it gives one."""
 
     # "translate": the encoder-decoder on sentence pairs (src/tgt); "lm": a decoder-only language
-    # model on text (train.text), trained on contiguous blocks of model.max_len tokens
-    task: Literal["translate", "lm"] = "translate"
+    # model on text (train.text), trained on contiguous blocks of model.max_len tokens;
+    # "classify": an encoder-only classifier on labelled texts (train.data); "mlm": the encoder
+    # pre-trained as a masked language model on unlabelled lines (train.text), BERT's way
+    task: Literal["translate", "lm", "classify", "mlm"] = "translate"  # reads TASK_INPUTS
     src: str = ""  # training source file (or a TSV with both sides when tgt is empty)
     tgt: str = ""
     valid_src: str = ""
@@ -147,9 +159,24 @@ class TrainConfig:
     # (UTF-8 bytes) or "bpe" (SentencePiece, train.vocab_size pieces); translate: always bpe
     tokenizer: Literal["bpe", "char", "byte"] = "bpe"
     batch_size: int = 0  # lm: blocks a batch; 0 = max_tokens // model.max_len
+    # classify: labelled texts (TSV, CSV, JSON lines or SST's "LABEL TEXT" lines) and the
+    # columns that hold them; without valid_data a stratified valid_share is held out
+    data: str = ""
+    valid_data: str = ""
+    label_column: str = "label"
+    text_column: str = "text"
+    class_weights: bool = False  # weigh each class's loss by 1 / its share (imbalanced labels)
+    # classify from init_from: the pre-trained layers' rate, times the head's; freeze_encoder
+    # trains the linear head only (a linear probe)
+    encoder_lr: float = 1.0
+    freeze_encoder: bool = False
+    mask_prob: float = (
+        0.15  # mlm: the share of tokens predicted (80% [MASK] / 10% random / 10% kept)
+    )
     out_dir: str = "runs/model"
     # continued training: start from this model directory's weights, tokenizer and whole
-    # [model] architecture (e.g. an `aiayn import marian` one), with a fresh optimizer
+    # [model] architecture (e.g. an `aiayn import marian` one), with a fresh optimizer;
+    # classify: its encoder (an mlm run's, a translator's or a classifier's), a new head
     init_from: str = ""
     vocab_size: int = 8000  # SentencePiece joint vocabulary
     # "word": the text comes segmented (pieces between spaces, e.g. subword-nmt's "@@ " BPE),
@@ -190,7 +217,7 @@ class TrainConfig:
     # table's, e.g. a published recipe's own length penalty)
     choose_alpha: bool = True
     patience: int = 0  # validations without improvement before stopping; 0 = never
-    best_metric: Literal["loss", "bleu"] = "loss"
+    best_metric: Literal["loss", "bleu", "accuracy", "macro_f1"] = "loss"
     bleu_samples: int = 200  # validation sentences decoded greedily for BLEU; 0 = skip
     seed: int = 1
     # auto = bf16 autocast where the hardware has native bf16 (CUDA compute capability >= 8,
@@ -325,24 +352,55 @@ def check_recipe(tc: TrainConfig) -> None:
 
 
 def _check_task(tc: TrainConfig) -> None:
-    if tc.task not in ("translate", "lm"):
-        raise ConfigError(f"train.task={tc.task!r}: choose 'translate' or 'lm'")
+    if tc.task not in TASK_INPUTS:
+        raise ConfigError(f"train.task={tc.task!r}: choose one of {', '.join(TASK_INPUTS)}")
     if tc.tokenizer not in ("bpe", "char", "byte"):
         raise ConfigError(f"train.tokenizer={tc.tokenizer!r}: choose 'bpe', 'char' or 'byte'")
-    if tc.task == "translate" and (tc.text or tc.valid_text):
-        raise ConfigError("train.text is a language model's corpus: set train.task = 'lm'")
-    if tc.task == "translate" and tc.tokenizer != "bpe":
+    given = {
+        "train.src/train.tgt": bool(tc.src or tc.tgt),
+        "train.text": bool(tc.text or tc.valid_text),
+        "train.data": bool(tc.data or tc.valid_data),
+    }
+    reads = TASK_INPUTS[tc.task]
+    for name, present in given.items():
+        if present and name != reads:
+            owner = next(t for t, n in TASK_INPUTS.items() if n == name and t != "mlm")
+            raise ConfigError(
+                f"train.task = {tc.task!r} reads {reads}, not {name} "
+                f"(set train.task = {owner!r} for that)"
+            )
+    if tc.task != "lm" and tc.tokenizer != "bpe":
         raise ConfigError(f"train.tokenizer={tc.tokenizer!r} is for train.task = 'lm'")
-    if tc.task == "lm" and (tc.src or tc.tgt):
-        raise ConfigError("train.task = 'lm' reads train.text, not train.src/train.tgt")
     if not 0.0 <= tc.valid_share < 1.0:  # NaN fails too
         raise ConfigError(f"train.valid_share={tc.valid_share} must be in [0, 1)")
     if tc.batch_size < 0:
         raise ConfigError(f"train.batch_size={tc.batch_size} must be >= 0 (0 = from max_tokens)")
-    if tc.task == "lm" and tc.best_metric == "bleu":
+    metrics = {"translate": ("loss", "bleu"), "classify": ("loss", "accuracy", "macro_f1")}
+    if tc.best_metric not in (allowed := metrics.get(tc.task, ("loss",))):
         raise ConfigError(
-            "train.best_metric = 'bleu' is a translator's: a language model's is loss"
+            f"train.best_metric = {tc.best_metric!r}: train.task = {tc.task!r} "
+            "chooses by " + " or ".join(repr(m) for m in allowed)
         )
+    if not 0.0 < tc.mask_prob < 1.0:
+        raise ConfigError(f"train.mask_prob={tc.mask_prob} must be in (0, 1)")
+    if not 0.0 <= tc.encoder_lr < math.inf:
+        raise ConfigError(f"train.encoder_lr={tc.encoder_lr} must be a number >= 0")
+    head = tc.freeze_encoder or tc.encoder_lr != 1.0
+    if tc.task != "classify" and (head or tc.class_weights):
+        raise ConfigError("train.freeze_encoder, class_weights and encoder_lr are a classifier's")
+    if head and not tc.init_from:
+        raise ConfigError(
+            "train.freeze_encoder and encoder_lr need pre-trained layers: give "
+            "train.init_from=DIR (an mlm run, a translator or a classifier)"
+        )
+
+
+TASK_INPUTS = {
+    "translate": "train.src/train.tgt",
+    "lm": "train.text",
+    "classify": "train.data",
+    "mlm": "train.text",
+}
 
 
 def search_rows(cfg: DecodeConfig) -> int:

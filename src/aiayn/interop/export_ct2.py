@@ -64,6 +64,9 @@ _EXPRESSIBLE: dict[str, tuple[Any, ...] | None] = {  # None: any value
     "positional_layout": ("interleaved", "halves"),
     "logits_bias": (False, True),
     "scale_embeddings": (False, True),
+    "pooling": None,  # a classifier's only
+    "pooler": None,
+    "embed_norm": (False,),
     "pad_id": None,
     "bos_id": None,
     "eos_id": None,

@@ -68,6 +68,8 @@ class Embeddings(nn.Module):
             table = sinusoidal_positions(cfg.max_len, cfg.d_model, cfg.positional_layout)
             self.register_buffer("pe", table, False)
         self.pe: Tensor
+        # BERT normalises the sum before the first layer (cfg.embed_norm); the paper does not
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embed_norm else None
         self.dropout = nn.Dropout(cfg.dropout)
         self.trace_name = "embed"
 
@@ -107,5 +109,8 @@ class Embeddings(nn.Module):
             tap(f"{self.trace_name}.tokens", tok_BTD)
             tap(f"{self.trace_name}.positions", pos_TD)
             tap(f"{self.trace_name}.sum", sum_BTD)
+        if self.norm is not None:
+            sum_BTD = self.norm(sum_BTD)
+            tap(f"{self.trace_name}.norm", sum_BTD)
         # In eval mode the identity, without the module call (as the layers' `_dropout`).
         return self.dropout(sum_BTD) if self.dropout.training else sum_BTD

@@ -161,7 +161,11 @@ class ModelDir:
 KINDS = {
     "Transformer": ("a translator", "aiayn translate, aiayn evaluate --src/--ref"),
     "DecoderLM": ("a language model", "aiayn generate, aiayn evaluate --text"),
-    "EncoderClassifier": ("a classifier", ""),
+    "EncoderClassifier": ("a classifier", "aiayn classify, aiayn evaluate --data"),
+    "EncoderMLM": (
+        "a masked language model (a pre-trained encoder)",
+        "aiayn train --config classify --set train.init_from=DIR fine-tunes it",
+    ),
 }
 
 

@@ -146,7 +146,7 @@ def find_resume(out: Path) -> Path | None:
     return None  # only files of a run that died before its first checkpoint: start again
 
 
-DATA_FIELDS = ("src", "tgt", "valid_src", "valid_tgt", "text", "valid_text")
+DATA_FIELDS = ("src", "tgt", "valid_src", "valid_tgt", "text", "valid_text", "data", "valid_data")
 
 
 def data_fingerprint(tc: TrainConfig) -> dict[str, str]:

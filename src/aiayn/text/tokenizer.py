@@ -41,6 +41,7 @@ TOKENIZER_FILES = (  # every file a tokenizer may save
 )
 
 Side = Literal["source", "target"]
+MASK_PIECE = "<mask>"  # `Tokenizer.train(mask=True)`'s piece for BERT's [MASK]
 SIDES: tuple[Side, Side] = ("source", "target")
 
 
@@ -55,6 +56,9 @@ class Tokenizer(ABC):
     bos_id: int  # the token the decoder starts from
     eos_id: int
     samples = False  # has `sample_batch` (subword regularization)
+    # the piece a masked language model reads in place of the tokens it predicts (BERT's
+    # [MASK]); None: this vocabulary has none (a translator's, say)
+    mask_id: int | None = None
 
     @staticmethod
     def train(
@@ -64,6 +68,7 @@ class Tokenizer(ABC):
         *,
         seed_sentences: int = 2_000_000,
         exact: bool = False,
+        mask: bool = False,
     ) -> Tokenizer:
         """Train a joint vocabulary on `texts` (source and target lines together).
 
@@ -71,9 +76,10 @@ class Tokenizer(ABC):
         retry with the largest size the data supports (it names that size in its error).
         `exact`: no space added in front of a text, and runs of spaces kept, so that any text
         (a language model's, newlines included: as bytes) decodes back to itself exactly.
+        `mask`: a MASK_PIECE of its own, for masked-language-model pre-training (`mask_id`).
         """
         return JointTokenizer.train_joint(
-            texts, vocab_size, model_type, seed_sentences=seed_sentences, exact=exact
+            texts, vocab_size, model_type, seed_sentences=seed_sentences, exact=exact, mask=mask
         )
 
     @staticmethod
@@ -214,6 +220,8 @@ class JointTokenizer(Tokenizer):
         ]
         if missing:
             raise CheckpointError(f"the tokenizer defines no {'/'.join(missing)} piece")
+        mask_id = self.sp.piece_to_id(MASK_PIECE)
+        self.mask_id = mask_id if mask_id != self.sp.unk_id() else None
 
     @classmethod
     def train_joint(
@@ -224,6 +232,7 @@ class JointTokenizer(Tokenizer):
         *,
         seed_sentences: int = 2_000_000,
         exact: bool = False,
+        mask: bool = False,
     ) -> JointTokenizer:
         """`Tokenizer.train`: SentencePiece trained on both sides' lines together."""
         if model_type not in ("bpe", "unigram", "word"):
@@ -250,6 +259,7 @@ class JointTokenizer(Tokenizer):
                     unk_id=UNK_ID,
                     bos_id=BOS_ID,
                     eos_id=EOS_ID,
+                    user_defined_symbols=[MASK_PIECE] if mask else [],
                     byte_fallback=True,  # unseen characters become bytes, never <unk>
                     character_coverage=1.0,
                     normalization_rule_name="identity",  # keep text as written: exact round trip

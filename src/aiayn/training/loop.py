@@ -25,13 +25,16 @@ from aiayn.config import Config, TrainConfig
 from aiayn.runtime.device import set_threads
 from aiayn.runtime.distributed import stop_on_signals
 from aiayn.runtime.progress import interactive
+from aiayn.text.labelled import LabelledData
 from aiayn.text.lm_data import LMData
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.budget import fit_budget, refit_budget
+from aiayn.training.cls_setup import SentenceLoader, class_weights
 from aiayn.training.finish import finish_run
 from aiayn.training.lm_setup import BlockLoader
 from aiayn.training.loader import StepLoader
 from aiayn.training.loss import train_step
+from aiayn.training.mlm_setup import MaskedData, MaskedLoader
 from aiayn.training.run import Run, TrainResult
 from aiayn.training.schedule import learning_rate
 from aiayn.training.setup import prepare_run
@@ -40,7 +43,9 @@ from aiayn.training.takeoff import end_words
 log = logging.getLogger(__name__)
 
 
-def _bar_total(tc: TrainConfig, loader: StepLoader | BlockLoader, epoch: int) -> int | None:
+def _bar_total(
+    tc: TrainConfig, loader: StepLoader | BlockLoader | SentenceLoader, epoch: int
+) -> int | None:
     """The step the run will stop at, when it is known in advance: max_steps, or fewer when
     max_epochs ends it first. A wall-clock budget makes it unknown: no total, no false ETA
     (the bar then shows the minutes left instead)."""
@@ -98,9 +103,24 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     tc, d, state = run.tc, run.d, run.state
-    loader: StepLoader | BlockLoader
+    loader: StepLoader | BlockLoader | SentenceLoader
+    weight_C = None
     if isinstance(run.data, LMData):
         loader = BlockLoader(run.data, tc, d)
+    elif isinstance(run.data, LabelledData):
+        loader = SentenceLoader(run.data.train_ids, run.data.train_y, tc, d)
+        if tc.class_weights:
+            weight_C = class_weights(run.data).to(d.device)
+            if d.main:
+                log.info(
+                    "class weights: %s",
+                    ", ".join(
+                        f"{name} {w:.3g}"
+                        for name, w in zip(run.data.labels, weight_C.tolist(), strict=True)
+                    ),
+                )
+    elif isinstance(run.data, MaskedData):
+        loader = MaskedLoader(run.data, run.tok, tc, d)
     else:
         loader = StepLoader(run.data.train, tc, d, run.data.train_text, run.tok)
     bar = tqdm(
@@ -141,6 +161,7 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
                 tc=tc,
                 d=d,
                 precision=run.precision,
+                weight_C=weight_C,
             )
             state.step, state.tokens = state.step + 1, state.tokens + tokens
             run.add_step(totals, tokens)

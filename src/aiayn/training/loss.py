@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,9 @@ from aiayn.runtime.device import Precision
 from aiayn.runtime.distributed import Dist
 from aiayn.text.batches import Batch
 from aiayn.text.lm_data import LMBatch
+
+if TYPE_CHECKING:
+    from aiayn.training.cls_setup import SentenceBatch
 
 
 def label_smoothed_loss(
@@ -105,7 +108,7 @@ class _SmoothedCE(torch.autograd.Function):
 def train_step(
     net: torch.nn.Module,
     opt: torch.optim.Optimizer,
-    batches: Sequence[Batch | LMBatch],
+    batches: Sequence[Batch | LMBatch | SentenceBatch],
     *,
     tokens: int,
     lr: float,
@@ -113,6 +116,7 @@ def train_step(
     tc: TrainConfig,
     d: Dist,
     precision: Precision,
+    weight_C: Tensor | None = None,
 ) -> Tensor:
     """Forward/backward over this rank's micro-batches (already on the device), then one Adam
     step.
@@ -122,19 +126,37 @@ def train_step(
     over every target token of the step, however it is split over ranks and micro-batches.
     Returns this rank's summed (smoothed loss, NLL) as a tensor on the device: nothing here
     waits for the GPU, the log reads the totals every `log_every` steps.
+
+    The logits are (B, T, V) (a token per position), (B, C) (a class per text) or (P, V) (the
+    masked tokens only); the targets have their shape less the last dimension. `weight_C`
+    weighs each class's loss (a classifier's `train.class_weights`); a parameter group's
+    `lr_scale` scales its rate (a pre-trained encoder's `train.encoder_lr`).
     """
     for group in opt.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
     opt.zero_grad(set_to_none=True)
     totals = torch.zeros(2, device=d.device)
     for a, b in enumerate(batches):
         last = a == len(batches) - 1
         with nullcontext() if d.world == 1 or last else net.no_sync():  # type: ignore[operator]
             with precision.autocast():
-                logits_BTV = net(*b.inputs)
-            loss, nll = label_smoothed_loss(
-                logits_BTV.flatten(0, 1), b.tgt_out_BT.flatten(), tc.label_smoothing, pad_id
-            )
+                logits = net(*b.inputs)
+            logits_PV, target_P = logits.reshape(-1, logits.size(-1)), b.tgt_out_BT.reshape(-1)
+            if weight_C is None:
+                loss, nll = label_smoothed_loss(logits_PV, target_P, tc.label_smoothing, pad_id)
+            else:
+                logits_PV = logits_PV.float()
+                loss = F.cross_entropy(
+                    logits_PV,
+                    target_P,
+                    weight_C,
+                    ignore_index=pad_id,
+                    reduction="sum",
+                    label_smoothing=tc.label_smoothing,
+                )
+                nll = F.cross_entropy(
+                    logits_PV.detach(), target_P, ignore_index=pad_id, reduction="sum"
+                )
             (loss * (d.world / tokens)).backward()
         totals += torch.stack([loss.detach(), nll.detach()])
     if tc.clip_norm > 0:

@@ -16,17 +16,20 @@ import torch
 from torch import Tensor
 
 from aiayn.config import Config
-from aiayn.nn.model import Transformer
-from aiayn.nn.variants import DecoderLM
+from aiayn.nn.model import Transformer, _ModelBase
+from aiayn.nn.variants import DecoderLM, EncoderClassifier, EncoderMLM
 from aiayn.runtime.device import Precision
 from aiayn.runtime.distributed import Dist, all_sum
 from aiayn.store.checkpoints import prune_checkpoints, save_checkpoint
 from aiayn.store.model_dir import save_model_dir
 from aiayn.store.run_dir import METRICS_FILE, TrainState, rng_tensors
 from aiayn.text.data import RunData
+from aiayn.text.labelled import LabelledData
 from aiayn.text.lm_data import LMData
 from aiayn.text.tokenizer import Tokenizer
+from aiayn.training.cls_setup import validate_classifier
 from aiayn.training.lm_setup import validate_lm
+from aiayn.training.mlm_setup import MaskedData, validate_mlm
 from aiayn.training.schedule import BudgetPlan, average_steps
 from aiayn.training.validate import validate, validation_bleu
 
@@ -65,8 +68,8 @@ class Run:
         self,
         cfg: Config,
         tok: Tokenizer,
-        data: RunData | LMData,
-        model: Transformer | DecoderLM,
+        data: RunData | LMData | LabelledData | MaskedData,
+        model: _ModelBase,
         opt: torch.optim.Optimizer,
         state: TrainState,
         d: Dist,
@@ -168,6 +171,12 @@ class Run:
         if isinstance(self.data, LMData):  # a language model: the loss on the text, no BLEU
             assert isinstance(self.model, DecoderLM)
             rec = validate_lm(self.model, self.data, tc, self.d, self.precision)
+        elif isinstance(self.data, LabelledData):
+            assert isinstance(self.model, EncoderClassifier)
+            rec = validate_classifier(self.model, self.data, tc, self.d, self.precision)
+        elif isinstance(self.data, MaskedData):
+            assert isinstance(self.model, EncoderMLM)
+            rec = validate_mlm(self.model, self.data, self.tok, tc, self.d, self.precision)
         else:
             assert isinstance(self.model, Transformer)
             rec = validate(self.model, self.data.valid, tc, self.d, self.precision)
@@ -193,8 +202,8 @@ class Run:
             )
             rec["valid_bleu"], rec["valid_length_ratio"], rec["valid_bp"] = all_sum(got, self.d)
             self.last_bleu = rec["valid_bleu"]
-        value = rec["valid_bleu"] if tc.best_metric == "bleu" else rec["valid_loss"]
-        higher_is_better = tc.best_metric == "bleu"
+        value = rec[f"valid_{tc.best_metric}"]
+        higher_is_better = tc.best_metric != "loss"
         better = st.best is None or (value > st.best if higher_is_better else value < st.best)
         if better:
             st.best, st.best_step, st.bad_validations = value, st.step, 0

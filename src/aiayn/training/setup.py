@@ -17,18 +17,16 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from aiayn.atomic import atomic_write_json, atomic_write_text
 from aiayn.config import LM_DEFAULTS, Config, DecodeConfig, TrainConfig, check_recipe
 from aiayn.config_files import RUN_CONFIG_FILE, to_dict
 from aiayn.errors import ConfigError
-from aiayn.nn.model import Transformer
-from aiayn.nn.variants import DecoderLM
+from aiayn.nn.model import Transformer, _ModelBase
+from aiayn.nn.variants import DecoderLM, EncoderClassifier, EncoderMLM
 from aiayn.runtime.device import choose_precision
 from aiayn.runtime.distributed import Dist, init_distributed
 from aiayn.runtime.progress import interactive
@@ -42,12 +40,18 @@ from aiayn.store.run_dir import (
 )
 from aiayn.text.corpus import HELDOUT_FILES, DataStats, Heldout, hold_out, read_parallel
 from aiayn.text.data import RunData, load_data, require_corpus
+from aiayn.text.label_check import log_labelled_check
+from aiayn.text.labelled import LabelledData
 from aiayn.text.lm_data import LMData, load_lm_data
 from aiayn.text.text_check import log_text_check
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.training.checks import check_batch_fits, check_model_fits
+from aiayn.training.cls_setup import head_groups, load_encoder
+from aiayn.training.encoder_task import prepare_encoder_task
 from aiayn.training.lm_setup import fit_lm_tokenizer
+from aiayn.training.mlm_setup import MaskedData
 from aiayn.training.run import Run
+from aiayn.training.shared_tokenizer import shared_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -81,22 +85,6 @@ def prepare_tokenizer(
     return shared_tokenizer(out, resume, given, d, train_joint)
 
 
-def shared_tokenizer(
-    out: Path, resume: Path | None, given: Tokenizer | None, d: Dist, make: Callable[[], Tokenizer]
-) -> Tokenizer:
-    """The run's tokenizer, the same on every rank: reloaded on resume; else rank 0 takes
-    `given` or `make()`s one and saves it in `out`, and the other ranks read that."""
-    if resume is not None:
-        return Tokenizer.load(out)
-    if d.main:
-        tok = given or make()
-        out.mkdir(parents=True, exist_ok=True)
-        tok.save(out)
-    if d.world > 1:
-        dist.barrier()
-    return tok if d.main else Tokenizer.load(out)  # type: ignore[return-value]
-
-
 def prepare_run(
     cfg: Config, tokenizer: Tokenizer | None, progress: bool = False
 ) -> tuple[Run, torch.nn.Module]:
@@ -112,19 +100,23 @@ def prepare_run(
         )
     out = Path(tc.out_dir)
     resume = find_resume(out)
-    if tc.init_from:  # continued training: the architecture and vocabulary are the model's
+    encoder_only = tc.task in ("classify", "mlm")  # aiayn.training.encoder_task's
+    if tc.init_from and not encoder_only:  # the architecture and vocabulary are the model's
         cfg = dataclasses.replace(cfg, model=load_model_config(tc.init_from))
         tokenizer = Tokenizer.load(tc.init_from)
     lm = tc.task == "lm"  # a language model's examples are blocks of model.max_len tokens
     if lm and cfg.decode == DecodeConfig():  # no [decode] table: sampling, not a beam of 4
         cfg = dataclasses.replace(cfg, decode=LM_DEFAULTS)
-    if tc.max_len > cfg.model.max_len and not lm:
+    if tc.max_len > cfg.model.max_len and tc.task == "translate":
         raise ConfigError(f"train.max_len={tc.max_len} exceeds model.max_len={cfg.model.max_len}")
     vocab = tokenizer.vocab_size if tokenizer is not None else tc.vocab_size  # at most
     copies = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if d.device.type == "cpu" else 1
     check_model_fits(dataclasses.replace(cfg.model, vocab_size=vocab), d.device, copies)
     heldout = _hold_out(tc, out, d) if tc.src and not tc.valid_src and not lm else None
-    if lm:
+    start = ""  # an encoder-only run's: "", "encoder" or "whole" (of train.init_from)
+    if encoder_only:
+        cfg, tok, enc_data, start = prepare_encoder_task(cfg, tokenizer, out, resume, d)
+    elif lm:
         if not tc.text:
             raise ConfigError("train.text is empty: give the training text (--set train.text=FILE)")
         tok = shared_tokenizer(out, resume, tokenizer, d, lambda: fit_lm_tokenizer(tc))
@@ -148,8 +140,10 @@ def prepare_run(
     fingerprint = data_fingerprint(tc)
     if resume is not None:
         check_resumable(out, cfg, fingerprint)
-    data: RunData | LMData
-    if lm:
+    data: RunData | LMData | LabelledData | MaskedData
+    if encoder_only:
+        data = enc_data
+    elif lm:
         data = load_lm_data(tc.text, tc.valid_text, tc.valid_share, tok, cfg.model.max_len)
         if d.main:
             log.info(
@@ -164,7 +158,9 @@ def prepare_run(
     if d.main and resume is None:  # once per run: a resume has the same data
         if lm:  # the text's own check (docs/data.md, --text)
             log_text_check(tc.text, tc.valid_text, log, bar=progress and interactive())
-        else:
+        elif tc.task == "classify":
+            log_labelled_check(tc, log)
+        elif tc.task == "translate":
             _log_data_check(tc, bar=progress and interactive())  # a log file gets its lines
     torch.manual_seed(tc.seed)  # seeds the GPU's generator too
     random.seed(tc.seed)
@@ -172,14 +168,21 @@ def prepare_run(
     if d.main:
         log.info("device %s, precision: %s", d.device, precision.why)
     # On the device before the optimizer exists: restored Adam moments follow the parameters.
-    arch: type[Transformer] | type[DecoderLM] = DecoderLM if lm else Transformer
-    model = arch(cfg.model).to(d.device)
+    model = build_for_task(cfg, data).to(d.device)
     if tc.init_from and resume is None:  # a resumed run has its own weights
-        start = load_model_dir(tc.init_from, d.device, expect=arch)
-        model.load_state_dict(start.state_dict())
-        log.info("starting from the weights of %s", tc.init_from)
+        if isinstance(model, EncoderClassifier):
+            load_encoder(model, tc.init_from, whole=start == "whole")
+        else:
+            pre = load_model_dir(tc.init_from, d.device, expect=type(model))
+            model.load_state_dict(pre.state_dict())
+            log.info("starting from the weights of %s", tc.init_from)
+    groups = (
+        head_groups(model, tc)
+        if isinstance(model, EncoderClassifier) and start
+        else [{"params": list(model.parameters())}]
+    )
     opt = torch.optim.Adam(
-        model.parameters(),
+        groups,  # type: ignore[arg-type]
         lr=0.0,
         betas=tc.adam_betas,
         eps=tc.adam_eps,
@@ -192,7 +195,7 @@ def prepare_run(
             "data_sha256": fingerprint,
             "runtime": {**precision.to_json(), "world_size": d.world},
         }
-        if isinstance(data, LMData) and data.heldout:
+        if isinstance(data, LMData | LabelledData | MaskedData) and data.heldout:
             run_config["heldout_valid"] = data.heldout
         if heldout is not None:
             run_config["heldout_valid"] = {
@@ -216,6 +219,16 @@ def prepare_run(
     if tc.compile:
         net = torch.compile(net)  # type: ignore[assignment]
     return Run(cfg, tok, data, model, opt, state, d, out, precision), net
+
+
+def build_for_task(cfg: Config, data: object) -> _ModelBase:
+    """The model `train.task` trains, built from `cfg.model` (a classifier: for the data's
+    labels)."""
+    task = cfg.train.task
+    if task == "classify":
+        assert isinstance(data, LabelledData)
+        return EncoderClassifier(cfg.model, len(data.labels), data.labels)
+    return {"translate": Transformer, "lm": DecoderLM, "mlm": EncoderMLM}[task](cfg.model)
 
 
 def _log_data_check(tc: TrainConfig, bar: bool = False) -> None:
