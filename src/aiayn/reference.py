@@ -113,8 +113,14 @@ def embed(w: dict[str, Array], prefix: str, ids: Array, cfg: ModelConfig) -> Arr
     scale = np.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
     tokens = w[f"{prefix}.tokens.weight"][ids] * scale
     if cfg.positional == "learned":
-        return tokens + w[f"{prefix}.learned.weight"][: len(ids)]
-    return tokens + positional_encoding(len(ids), cfg.d_model, cfg.positional_layout)
+        x = tokens + w[f"{prefix}.learned.weight"][: len(ids)]
+    else:
+        x = tokens + positional_encoding(len(ids), cfg.d_model, cfg.positional_layout)
+    if cfg.embed_norm:  # BERT's LayerNorm over the sum
+        return layer_norm(
+            x, w[f"{prefix}.norm.weight"], w[f"{prefix}.norm.bias"], cfg.layer_norm_eps
+        )
+    return x
 
 
 def encoder(
@@ -195,6 +201,20 @@ def lm_forward(w: dict[str, Array], cfg: ModelConfig, ids_BT: Array) -> Array:
     for ids in np.asarray(ids_BT):
         y = encoder(w, cfg, ids, stack="decoder", embedding="embed", causal=True)
         out.append(_logits(w, cfg, y))
+    return np.stack(out)
+
+
+def classifier_forward(w: dict[str, Array], cfg: ModelConfig, ids_BS: Array) -> Array:
+    """An encoder-only classifier's (`EncoderClassifier`) logits (B, C), one text at a time:
+    its real tokens only (no padding), pooled at the first position or by their mean."""
+    out = []
+    for ids in np.asarray(ids_BS):
+        ids = ids[: int(np.flatnonzero(ids != cfg.pad_id).max()) + 1]
+        x = encoder(w, cfg, ids, embedding="embed")
+        pooled = x[0] if cfg.pooling == "cls" else x.mean(0)
+        if cfg.pooler:
+            pooled = np.tanh(pooled @ w["pooler.weight"].T + w["pooler.bias"])
+        out.append(pooled @ w["classifier.weight"].T + w["classifier.bias"])
     return np.stack(out)
 
 
