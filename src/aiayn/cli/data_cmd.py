@@ -118,7 +118,9 @@ def add_data_check(data_sub: argparse._SubParsersAction) -> None:
         help="find what is wrong with a parallel corpus (--src/--tgt: duplicates, train/valid/test "
         "overlap, misaligned lines, copies, empty, control characters, over-long lines, wrong "
         "script) or a language model's text (--text: binary, not UTF-8, control characters, "
-        "duplicated lines, validation lines in the training text) (docs/data.md)",
+        "duplicated lines, validation lines in the training text) (docs/data.md) or a "
+        "classifier's labelled texts (--data: the label balance, duplicates, texts with two "
+        "labels, texts also in --valid-data/--test-data) (docs/classify.md)",
     )
     c.add_argument("--src", type=Path, help="training source file, e.g. train.de")
     c.add_argument("--tgt", type=Path, help="training target file, e.g. train.en")
@@ -133,6 +135,18 @@ def add_data_check(data_sub: argparse._SubParsersAction) -> None:
     for split in ("valid", "test"):
         c.add_argument(f"--{split}-src", type=Path, help=f"{split} source: checked for overlap")
         c.add_argument(f"--{split}-tgt", type=Path, help=f"{split} target")
+    c.add_argument(
+        "--data",
+        type=Path,
+        help="a classifier's labelled training texts instead (TSV/CSV with a header, JSON "
+        "lines, or 'LABEL TEXT' lines)",
+    )
+    for split in ("valid", "test"):
+        c.add_argument(
+            f"--{split}-data", type=Path, help=f"with --data: {split} texts, checked for overlap"
+        )
+    c.add_argument("--label-column", default="label", help="with --data (default label)")
+    c.add_argument("--text-column", default="text", help="with --data (default text)")
     c.add_argument(
         "--max-chars", type=int, default=1000, help="a longer side is over-long (default 1000)"
     )
@@ -149,10 +163,15 @@ def add_data_check(data_sub: argparse._SubParsersAction) -> None:
 def run_data_check(args: argparse.Namespace) -> int:
     from aiayn.text.check import check_corpus, write_clean
 
+    if args.data is not None or args.valid_data is not None or args.test_data is not None:
+        return run_labelled_check(args)
     if args.text is not None or args.valid_text is not None:
         return run_text_check(args)
     if args.src is None or args.tgt is None:
-        raise AiaynError("give --src and --tgt (a parallel corpus), or --text (a language model's)")
+        raise AiaynError(
+            "give --src and --tgt (a parallel corpus), --text (a language model's) or --data "
+            "(a classifier's)"
+        )
     evals = {}
     for split in ("valid", "test"):
         es, et = getattr(args, f"{split}_src"), getattr(args, f"{split}_tgt")
@@ -246,4 +265,77 @@ def run_text_check(args: argparse.Namespace) -> int:
         )
     tok = report.tokenizer
     print(f"tokenizer: {tok['suggested']} ({tok['why']})")
+    return 0
+
+
+# Characters of an example shown in a finding's line
+EXAMPLE_CHARS = 70
+
+
+def run_labelled_check(args: argparse.Namespace) -> int:
+    """`aiayn data check --data FILE [--valid-data F] [--test-data F]`: a classifier's data.
+    The findings are warnings (exit 0); a file with one label, or one that cannot be read, is
+    an error (exit 2)."""
+    from aiayn.errors import DataError
+    from aiayn.text.label_check import KINDS, check_labelled
+    from aiayn.text.labelled import class_balance, read_labelled
+
+    if args.data is None:
+        raise AiaynError("--valid-data and --test-data need --data, the training texts")
+    others = [
+        flag
+        for flag, value in (
+            ("--src", args.src),
+            ("--tgt", args.tgt),
+            ("--text", args.text),
+            ("--valid-text", args.valid_text),
+            ("--valid-src", args.valid_src),
+            ("--valid-tgt", args.valid_tgt),
+            ("--test-src", args.test_src),
+            ("--test-tgt", args.test_tgt),
+            ("--write", args.write),
+        )
+        if value is not None
+    ]
+    if others:
+        raise AiaynError(f"--data checks a classifier's labelled texts: leave out {others[0]}")
+    columns = (args.label_column, args.text_column)
+    # strict=False: an empty text is a finding to count, not a reason to stop
+    pairs = read_labelled(args.data, *columns, strict=False)
+    evals = {
+        split: read_labelled(path, *columns, strict=False)
+        for split, path in (("valid", args.valid_data), ("test", args.test_data))
+        if path is not None
+    }
+    report = check_labelled(pairs, evals)
+    if len(report.labels) < 2:
+        only = next(iter(report.labels), "")
+        raise DataError(
+            f"{args.data}: every example has the label {only!r}: a classifier needs two or "
+            f"more (is --label-column {args.label_column!r} the label?)"
+        )
+    files = {"data": str(args.data)} | {
+        f"{split}_data": str(getattr(args, f"{split}_data")) for split in evals
+    }
+    if args.json:
+        sizes = {split: len(found) for split, found in evals.items()}
+        print(json.dumps({"files": files, **report.to_json(), "evaluation_examples": sizes}))
+        return 0
+    names = list(report.labels)
+    train_labels = [label for label, _ in pairs]
+    print(
+        f"{Path(args.data).name}: {report.examples:,} examples, {len(names)} labels: "
+        f"{class_balance(train_labels, names)}"
+    )
+    for split, found in evals.items():
+        labels = [label for label, _ in found]
+        extra = sorted(set(labels) - set(names))
+        print(
+            f"{split}: {Path(files[f'{split}_data']).name}: {len(found):,} examples: "
+            f"{class_balance(labels, names + extra)}"
+        )
+    print(f"findings: {report.summary()}")
+    for kind, n in report.counts.items():
+        shown = "; ".join(repr(ex[:EXAMPLE_CHARS]) for ex in report.samples.get(kind, []))
+        print(f"  {kind:13} {n:8,}   {KINDS[kind]}, e.g. {shown}")
     return 0

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from aiayn import __version__
+from aiayn.cli.classify_cmd import add_classify, run_classify
 from aiayn.cli.data_cmd import add_data, add_info, run_data, run_info
 from aiayn.cli.generate_cmd import add_generate, run_generate
 from aiayn.cli.glassbox_cmd import (
@@ -49,6 +50,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable
     "translate": (add_translate, run_translate),
     "evaluate": (add_evaluate, run_evaluate),
     "generate": (add_generate, run_generate),
+    "classify": (add_classify, run_classify),
     "train": (add_train, run_train),
     "average": (add_average, run_average),
     "export": (add_export, run_export),

@@ -63,7 +63,7 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "evaluate",
         help="translate --src and score against --ref: BLEU, chrF; or a language model's "
-        "loss on --text",
+        "loss on --text; or a classifier's accuracy and macro-F1 on --data",
     )
     add_search_flags(p)
     p.add_argument("--src", type=Path, help="source sentences, one per line")
@@ -73,6 +73,27 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
         type=Path,
         help="a language model's test text: nats per token, perplexity, bits per character "
         "and per byte (instead of --src/--ref)",
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        help="a classifier's labelled test texts (TSV/CSV with a header, JSON lines, or "
+        "'LABEL TEXT' lines): accuracy, macro-F1, per-class scores, the confusion matrix",
+    )
+    p.add_argument("--label-column", default="label", help="with --data (default label)")
+    p.add_argument("--text-column", default="text", help="with --data (default text)")
+    p.add_argument(
+        "--confusion",
+        type=Path,
+        metavar="PNG",
+        help="with --data: also draw the confusion matrix into this image file",
+    )
+    p.add_argument(
+        "--bootstrap",
+        type=int,
+        metavar="N",
+        help="with --data: resamples for the 95%% intervals of accuracy and macro-F1 "
+        "(default 1000; 0: none)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--hyps", type=Path, help="also write the translations to this file")
@@ -247,6 +268,17 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from aiayn.translate.evaluate import evaluate_lines, read_test_set
     from aiayn.translate.significance import significance
 
+    if args.data is not None:
+        if args.src is not None or args.ref is not None or args.text is not None:
+            raise AiaynError(
+                "--data scores a classifier; --src/--ref a translator, --text a language "
+                "model: give one of them"
+            )
+        from aiayn.cli.classify_cmd import run_evaluate_data
+
+        return run_evaluate_data(args)
+    if args.confusion is not None or args.bootstrap is not None:
+        raise AiaynError("--confusion and --bootstrap score a classifier: give --data")
     if args.text is not None:
         if args.src is not None or args.ref is not None:
             raise AiaynError("--text scores a language model; --src/--ref a translator: not both")
@@ -254,7 +286,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
         return run_evaluate_text(args)
     if args.src is None or args.ref is None:
-        raise AiaynError("give --src and --ref (a translator), or --text (a language model)")
+        raise AiaynError(
+            "give --src and --ref (a translator), --text (a language model) or --data "
+            "(a classifier)"
+        )
     if args.alphas is not None:
         return run_alpha_sweep(args)
     if args.hyps is not None:  # checked before the model loads

@@ -2,7 +2,8 @@
 log line at the start of a classify run).
 
     check_labelled       duplicates, one text with two labels, texts shared with an evaluation
-                         set, empty texts, a single label, severe imbalance
+                         set, empty texts, a single label, severe imbalance, evaluation labels
+                         the training data lacks
     log_labelled_check   the report in one line of a run's log
 """
 
@@ -12,6 +13,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiayn.config import TrainConfig
 from aiayn.text.labelled import Pair, label_set, read_labelled
@@ -41,6 +43,16 @@ class LabelReport:
         found = [f"{KINDS[k]}: {n:,}" for k, n in self.counts.items() if n]
         return "; ".join(found) if found else "nothing found"
 
+    def to_json(self) -> dict[str, Any]:
+        """The report as one JSON object (`aiayn data check --data ... --json`)."""
+        return {
+            "examples": self.examples,
+            "labels": self.labels,
+            "summary": self.summary(),
+            "counts": self.counts,
+            "samples": self.samples,
+        }
+
 
 KINDS = {
     "empty": "empty texts",
@@ -49,6 +61,7 @@ KINDS = {
     "one_label": "a single label",
     "imbalance": f"classes under 1/{IMBALANCE} of the largest",
     "leak": "texts also in an evaluation set",
+    "unseen_label": "evaluation examples whose label is not in the training data",
 }
 
 
@@ -86,6 +99,8 @@ def check_labelled(pairs: list[Pair], evals: dict[str, list[Pair]] | None = None
         for label, text in other:
             if _key(text) in seen:
                 report.add("leak", f"{name}: {label}\t{_key(text)}")
+            if label not in labels:  # the classifier cannot predict it: always wrong
+                report.add("unseen_label", f"{name}: {label}\t{_key(text)}")
     return report
 
 
