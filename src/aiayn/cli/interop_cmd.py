@@ -23,7 +23,15 @@ def add_import(sub: argparse._SubParsersAction) -> None:
         "vocab.json + merges.txt) into a new aiayn model directory holding a DecoderLM. "
         "Nothing is downloaded.",
     )
-    for q in (m, g):
+    b = import_sub.add_parser(
+        "bert",
+        help="a local Hugging Face BertForSequenceClassification directory, as a classifier "
+        "(docs/import.md)",
+        description="Convert HF_DIR (config.json, model.safetensors, and tokenizer.json or "
+        "vocab.txt) into a new aiayn model directory holding an EncoderClassifier that "
+        "classify, evaluate --data and train (train.init_from) accept. Nothing is downloaded.",
+    )
+    for q in (m, g, b):
         q.add_argument("hf_dir", type=Path, metavar="HF_DIR", help="the Hugging Face directory")
         q.add_argument(
             "--out",
@@ -36,6 +44,8 @@ def add_import(sub: argparse._SubParsersAction) -> None:
 def run_import(args: argparse.Namespace) -> int:
     if args.import_command == "gpt2":
         return _run_import_gpt2(args)
+    if args.import_command == "bert":
+        return _run_import_bert(args)
     from aiayn.interop.marian import import_marian
 
     done = import_marian(args.hf_dir, args.out)
@@ -60,6 +70,21 @@ def _run_import_gpt2(args: argparse.Namespace) -> int:
         f"imported {args.hf_dir} (GPT-2) into {done.out}: DecoderLM, d_model {cfg.d_model}, "
         f"{cfg.n_layers} layers, {cfg.n_heads} heads, d_ff {cfg.d_ff}, vocabulary "
         f"{cfg.vocab_size}, {cfg.max_len} positions, {cfg.activation} FFN; {tokens}"
+    )
+    return 0
+
+
+def _run_import_bert(args: argparse.Namespace) -> int:
+    from aiayn.interop.bert import import_bert
+
+    done = import_bert(args.hf_dir, args.out)
+    cfg = done.model
+    tokens = "WordPiece tokenizer" if done.tokenizer else "no tokenizer: token ids only"
+    print(
+        f"imported {args.hf_dir} (BERT) into {done.out}: EncoderClassifier, d_model "
+        f"{cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
+        f"vocabulary {cfg.vocab_size}, {cfg.max_len} positions; {len(done.labels)} labels: "
+        f"{', '.join(done.labels)}; {tokens}"
     )
     return 0
 

@@ -32,7 +32,7 @@ from aiayn.errors import CheckpointError, DataError
 TOKENIZER_FILE = "tokenizer.model"  # a JointTokenizer
 # A MarianTokenizer: the names Hugging Face's MarianTokenizer uses.
 MARIAN_FILES = ("source.spm", "target.spm", "vocab.json")
-HF_TOKENIZER_FILE = "hf_tokenizer.json"  # an HFTokenizer (text/hf_tokenizer.py: GPT-2's BPE)
+HF_TOKENIZER_FILE = "hf_tokenizer.json"  # `tokenizers` JSON: GPT-2's BPE or BERT's WordPiece
 TOKENIZER_FILES = (  # every file a tokenizer may save
     TOKENIZER_FILE,
     *MARIAN_FILES,
@@ -92,11 +92,12 @@ class Tokenizer(ABC):
 
             charset = importlib.import_module("aiayn.text.charset")
             return charset._Charset.load_file(path / charset.CHARSET_FILE)  # type: ignore[no-any-return]
-        if path.is_dir() and (path / HF_TOKENIZER_FILE).is_file():  # aiayn import gpt2's
-            import importlib  # by name: hf_tokenizer imports this module (no import cycle)
+        if path.is_dir() and (path / HF_TOKENIZER_FILE).is_file():  # aiayn import gpt2/bert's
+            import importlib  # by name: bert_tokenizer imports this module (no import cycle)
 
-            hf = importlib.import_module("aiayn.text.hf_tokenizer")
-            loaded: Tokenizer = hf.HFTokenizer.load_file(path / HF_TOKENIZER_FILE)
+            # GPT-2's byte-level BPE or BERT's WordPiece: the file's model says which
+            hf = importlib.import_module("aiayn.text.bert_tokenizer")
+            loaded: Tokenizer = hf.load_tokenizers_file(path / HF_TOKENIZER_FILE)
             return loaded
         if path.is_dir() and not (path / TOKENIZER_FILE).exists():
             if any((path / name).exists() for name in MARIAN_FILES):
