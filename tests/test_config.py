@@ -88,7 +88,7 @@ def test_the_recipes_are_built_in_by_name(tmp_path, monkeypatch):
     (tmp_path / "own_data.toml").write_text("[model]\nd_model = 64\nn_heads = 4\n")
     assert load_config("own_data.toml").model.d_model == 64  # a file given wins over a name
     with pytest.raises(ConfigError, match=r"not found: own_dta \(the built-in recipes, by "
-                       r"name: cpu_small, .*own_data"):  # fmt: skip
+                       r"name: classify, cpu_small, .*own_data"):  # fmt: skip
         load_config("own_dta")
     with pytest.raises(ConfigError, match="not found: sub/own_data.toml"):
         load_config("sub/own_data.toml")  # a path is never taken for a name
