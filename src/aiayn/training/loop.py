@@ -90,8 +90,8 @@ def _train(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TrainRes
     trained_minutes = run.elapsed() / 60  # the speed for the advice: finishing not counted
     finish_run(run, stopped, progress)
     tc = run.tc
-    lm = tc.task == "lm"  # the takeoff's advice is measured in BLEU: a translator's
-    if tc.lr_schedule == "cosine_budget" and tc.max_minutes > 0 and run.d.main and not lm:
+    translator = tc.task == "translate"  # the takeoff's advice is measured in BLEU
+    if tc.lr_schedule == "cosine_budget" and tc.max_minutes > 0 and run.d.main and translator:
         usable, words = end_words(run.cfg.model, run.state.step, trained_minutes, run.last_bleu)
         (log.info if usable else log.warning)("%s", words)
     return TrainResult(run.out, run.state.step, stopped, run.last_loss, run.state.best)
@@ -194,6 +194,10 @@ def _loop(run: Run, net: torch.nn.Module, progress: bool) -> str:
     return stopped
 
 
+# What a step's targets are, where they are not tokens (the records' `tokens` count them too).
+TARGETS = {"classify": "texts", "mlm": "masked tok"}
+
+
 def _show(run: Run, bar: Any, lr: float) -> None:
     """Log the window's loss and speed: on the progress bar, or as a log line without one."""
     rec, state = run.log_train(lr), run.state
@@ -205,7 +209,7 @@ def _show(run: Run, bar: Any, lr: float) -> None:
     if bar.disable and run.d.main:  # no bar (no tty, --no-progress): say it in the log
         of = f"/{bar.total}" if bar.total else ""  # the bar's total: known, or fitted
         log.info(
-            "step %d%s epoch %d: loss %.3f ppl %.1f lr %.2e %.0f tok/s%s",
+            "step %d%s epoch %d: loss %.3f ppl %.1f lr %.2e %.0f %s/s%s",
             state.step,
             of,
             state.epoch + 1,
@@ -213,6 +217,7 @@ def _show(run: Run, bar: Any, lr: float) -> None:
             rec["ppl"],
             lr,
             rec["tokens_per_s"],
+            TARGETS.get(run.tc.task, "tok"),
             f", {left['left']} left" if left else "",
         )
     bar.set_postfix(
