@@ -26,7 +26,8 @@ MAX_TRACE_NUMBERS = 100_000_000
 def add_explain(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "explain",
-        help="every number of one translation: embeddings, Q/K/V, attention, FFN, next tokens",
+        help="every number of one translation: embeddings, Q/K/V, attention, FFN, next tokens "
+        "(a language model's --prompt; a classifier's --text, with saliency and rollout)",
     )
     p.add_argument("sentence", nargs="?", help="the source sentence to translate and explain")
     p.add_argument("--model", type=Path, help="a model directory")
@@ -34,6 +35,17 @@ def add_explain(sub: argparse._SubParsersAction) -> None:
         "--prompt",
         help="a language model's prompt (a DecoderLM directory; '' = BOS alone): its forward "
         "pass, next-token distribution and --max-len generation steps (default 8)",
+    )
+    p.add_argument(
+        "--text",
+        help="a classifier's text (an EncoderClassifier directory): its forward pass, class "
+        "probabilities, gradient x input saliency and attention rollout per token",
+    )
+    p.add_argument(
+        "--class",
+        dest="class_label",
+        metavar="LABEL",
+        help="a classifier: the class whose logit the saliency explains (default: the predicted)",
     )
     p.add_argument("--json", action="store_true", help="the same as --format json")
     p.add_argument("--html", type=Path, metavar="OUT", help="--format html --out OUT")
@@ -103,9 +115,17 @@ def run_explain(args: argparse.Namespace) -> int:
         report = seed_example_text()
         if args.format == "json":
             report = json.dumps(seed_example_json(), ensure_ascii=False, allow_nan=False) + "\n"
-    elif args.model is not None and _architecture(args.model, args.device) == "DecoderLM":
-        report = _explain_lm(args)
+    elif args.model is not None and (kind := _architecture(args.model, args.device)) in (
+        "DecoderLM",
+        "EncoderClassifier",
+    ):
+        report = _explain_lm(args) if kind == "DecoderLM" else _explain_cls(args)
     else:
+        if args.text is not None or args.class_label is not None:
+            raise AiaynError(
+                "--text and --class are for a classifier (an EncoderClassifier directory); "
+                "a translator explains a sentence: aiayn explain --model DIR 'sentence'"
+            )
         if args.prompt is not None:
             raise AiaynError(
                 "--prompt is for a language model (a DecoderLM directory); a translator "
@@ -180,6 +200,11 @@ def _explain_lm(args: argparse.Namespace) -> str:
     from aiayn.glassbox.render import View, parse_indices
     from aiayn.nn.tracing import TraceTooLargeError
 
+    if args.text is not None or args.class_label is not None:
+        raise AiaynError(
+            "--text and --class are for a classifier; a language model explains a prompt: "
+            "give --prompt TEXT"
+        )
     if args.prompt is not None and args.sentence is not None:
         raise AiaynError("give the prompt once: --prompt TEXT or a positional argument")
     prompt = args.prompt if args.prompt is not None else args.sentence
@@ -215,9 +240,61 @@ def _explain_lm(args: argparse.Namespace) -> str:
         ) from None
 
 
+def _explain_cls(args: argparse.Namespace) -> str:
+    """`aiayn explain --model CLS --text TEXT [--class LABEL]`: aiayn.glassbox.explain_cls,
+    rendered as text (tokens shaded by saliency on a terminal) or JSON."""
+    import os
+
+    from aiayn.classify.classifier import Classifier
+    from aiayn.glassbox.explain_cls import explain_classifier
+    from aiayn.glassbox.render import View, parse_indices
+    from aiayn.glassbox.render_cls import cls_to_json_text, cls_to_text
+    from aiayn.nn.tracing import TraceTooLargeError
+
+    if args.text is not None and args.sentence is not None:
+        raise AiaynError("give the text once: --text TEXT or a positional argument")
+    text = args.text if args.text is not None else args.sentence
+    if text is None:
+        raise AiaynError("a classifier explains a text: give --text TEXT")
+    if args.prompt is not None:
+        raise AiaynError("--prompt is for a language model; a classifier takes --text TEXT")
+    if args.beam:
+        raise AiaynError("--beam traces a translator's beam search; a classifier has none")
+    if args.format == "html":
+        raise AiaynError(
+            "a classifier's explanation prints as text or json (`aiayn serve` draws it live)"
+        )
+    layers, heads = parse_indices(args.layers), parse_indices(args.heads)
+    view = View(layers, heads, None, args.dims, args.precision)
+    if view.dims < 1 or not 0 <= view.precision <= 12:  # said before the model is loaded
+        raise AiaynError("--dims must be >= 1 and --precision between 0 and 12")
+    if not 1 <= args.max_trace_numbers <= MAX_FLAG:
+        raise AiaynError(f"--max-trace-numbers must be in [1, {MAX_FLAG:,}]")
+    classifier = Classifier.open(args.model, args.device, "fp32")
+    try:
+        exp = explain_classifier(
+            classifier,
+            text,
+            class_label=args.class_label,
+            want=view.shows,
+            max_numel=args.max_trace_numbers,
+        )
+    except TraceTooLargeError:
+        raise AiaynError(
+            f"the trace would hold more than {args.max_trace_numbers:,} numbers: show less "
+            "with --layers or --heads, shorten the text, or raise --max-trace-numbers"
+        ) from None
+    if args.format == "json":
+        return cls_to_json_text(exp, view)
+    colour = args.out is None and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    return cls_to_text(exp, view, colour=colour)
+
+
 def add_attend(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "attend", help="attention heatmaps (PNG) and an interactive page (HTML) for translations"
+        "attend",
+        help="attention heatmaps (PNG) and an interactive page (HTML): translations, or the "
+        "input of a classifier or language model",
     )
     p.add_argument("sentences", nargs="*", help="source sentences (or --input)")
     p.add_argument("--model", type=Path, required=True, help="a model directory")

@@ -24,6 +24,7 @@ from aiayn.nn.model import AttentionMaps, Transformer
 from aiayn.nn.tracing import tracing
 from aiayn.nn.variants import DecoderLM, EncoderClassifier
 from aiayn.text.corpus import source_text
+from aiayn.text.labelled import classifier_ids
 from aiayn.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -177,9 +178,14 @@ def attention_for_inputs(
     _check_count(sentences)
     limit = model.cfg.max_len
     # A language model reads BOS + the text, no EOS, as `aiayn generate` feeds a prompt, and a
-    # text past its context keeps its end; a classifier's input is cut as a source is.
+    # text past its context keeps its end; a classifier reads BOS + the text + EOS, as
+    # `aiayn classify` feeds it (classifier_ids: BOS is the [CLS] position cls pooling reads).
     lm = kind == "lm_self"
-    ids = [tok.encode(source_text(s), bos=lm, eos=not lm) for s in sentences]
+    texts = [source_text(s) for s in sentences]
+    if lm:
+        ids = [tok.encode(t, bos=True, eos=False) for t in texts]
+    else:
+        ids = [[tok.bos_id, *row, tok.eos_id] for row in tok.encode_batch(texts, eos=False)]
     for i, row in enumerate(ids):
         if len(row) > limit:
             log.warning(
@@ -190,7 +196,7 @@ def attention_for_inputs(
                 "last" if lm else "first",
                 limit,
             )
-            ids[i] = row[-limit:] if lm else tok.cut(row, limit)
+            ids[i] = row[-limit:] if lm else classifier_ids(tok, [texts[i]], limit)[0]
     _check_numbers([model.cfg.n_layers * model.cfg.n_heads * len(row) ** 2 for row in ids])
     model.eval()
     examples = []
