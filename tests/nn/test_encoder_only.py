@@ -85,3 +85,15 @@ def test_the_masked_lm_reads_both_sides(tiny_cfg):
 def test_labels_must_name_each_class_once(tiny_cfg, labels, message):
     with pytest.raises(ValueError, match=message):
         EncoderClassifier(tiny_cfg, 2, labels)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_inference_skipping_padding_gives_the_padded_forwards_logits(tiny_cfg, pooling):
+    """On a CPU without gradients the classifier runs its real positions only (nn.packed)."""
+    cfg = dataclasses.replace(tiny_cfg, pooling=pooling)
+    torch.manual_seed(7)
+    model = EncoderClassifier(cfg, 3).eval()
+    ids = padded_batch(cfg, seed=4)
+    padded = model(ids)  # gradients on: the padded forward
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), padded.detach(), **TOL)

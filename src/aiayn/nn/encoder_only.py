@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.nn.embeddings import Embeddings
 from aiayn.nn.model import Encoder, _ModelBase
+from aiayn.nn.packed import encode_packed, skips_padding
 from aiayn.nn.tracing import tap
 from aiayn.runtime.kernels import ACTIVATIONS, Linear
 
@@ -64,7 +65,11 @@ class EncoderClassifier(_ModelBase):
         """The pooled sentence vector (B, D) the classifier reads."""
         self.check_ids(ids_BS, "input")
         keep_BS = ids_BS != self.cfg.pad_id
-        x_BSD = self.encoder(self.embed(ids_BS), keep_BS[:, None, None, :])
+        x_BSD = self.embed(ids_BS)
+        if skips_padding(self, keep_BS):  # inference on a CPU: the same values, less work
+            x_BSD = encode_packed(self.encoder, x_BSD, keep_BS)
+        else:
+            x_BSD = self.encoder(x_BSD, keep_BS[:, None, None, :])
         pooled_BD = pool(x_BSD, keep_BS, self.cfg.pooling)
         tap("pooled", pooled_BD)
         if self.pooler is not None:
