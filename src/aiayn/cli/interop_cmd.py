@@ -107,7 +107,9 @@ def add_export(sub: argparse._SubParsersAction) -> None:
         help="weight type (default float32; int8 is the fast one on a CPU)",
     )
     o = engines.add_parser(
-        "onnx", help="encoder + decoder-with-past ONNX graphs; translate/evaluate run them"
+        "onnx",
+        help="encoder + decoder-with-past ONNX graphs (translate/evaluate run them), a "
+        "language model's one graph (generate), or a classifier's (classify)",
     )
     for q in (c, o):
         q.add_argument("--model", type=Path, required=True, help="an aiayn model directory")
@@ -117,7 +119,17 @@ def add_export(sub: argparse._SubParsersAction) -> None:
 def run_export(args: argparse.Namespace) -> int:
     from aiayn.interop.export_dir import source_architecture
 
-    lm = source_architecture(args.model, args.out) == "DecoderLM"
+    arch = source_architecture(args.model, args.out, args.engine)  # CTranslate2: no classifier
+    lm = arch == "DecoderLM"
+    if arch == "EncoderClassifier":
+        from aiayn.interop.export_cls import export_cls_onnx
+
+        out = export_cls_onnx(args.model, args.out)
+        print(
+            f"exported {args.model} (a classifier) as onnx (model.onnx) to {out}; run it: "
+            f"aiayn classify --model {out}"
+        )
+        return 0
     if args.engine == "ctranslate2" and lm:
         from aiayn.interop.export_lm_ct2 import export_lm_ctranslate2
 

@@ -36,15 +36,22 @@ def load_source(model_dir: Path, out: Path) -> tuple[Transformer, Tokenizer, Dec
     return model, source.tokenizer, source.decode
 
 
-def source_architecture(model_dir: Path, out: Path) -> str:
-    """What `model_dir` holds: "Transformer" (a translator) or "DecoderLM" (a language model);
-    anything else is refused in one line. `out` is refused first if it is taken."""
+def source_architecture(model_dir: Path, out: Path, engine: str = "") -> str:
+    """What `model_dir` holds: "Transformer" (a translator), "DecoderLM" (a language model) or,
+    for `engine` "onnx", "EncoderClassifier" (a classifier: CTranslate2 has no model of that
+    kind); anything else is refused in one line. `out` is refused first if it is taken."""
     check_new_dir(out)
     arch = ModelDir.open(model_dir).architecture or "Transformer"
-    if arch not in ("Transformer", "DecoderLM"):
+    if arch == "EncoderClassifier" and engine != "onnx":
+        raise ConfigError(
+            f"{model_dir} holds EncoderClassifier (a classifier), which CTranslate2 cannot run "
+            "(it has no encoder-classifier model): export it with aiayn export onnx"
+        )
+    if arch not in ("Transformer", "DecoderLM", "EncoderClassifier"):
         raise ConfigError(
             f"{model_dir} holds {arch}, which aiayn export does not take: it exports a "
-            "Transformer (a translator) or a DecoderLM (a language model)"
+            "Transformer (a translator), a DecoderLM (a language model) or an "
+            "EncoderClassifier (a classifier, to ONNX)"
         )
     return arch
 
@@ -73,8 +80,10 @@ def write_export_meta(
     files: dict[str, str],
     versions: dict[str, str],
     architecture: str = "Transformer",
+    extra: dict[str, Any] | None = None,
 ) -> None:
-    """Write `aiayn_export.json` into `directory` (the staged export)."""
+    """Write `aiayn_export.json` into `directory` (the staged export). `extra`: what the
+    model's class takes besides its config (a classifier's labels), as config.json's."""
     atomic_write_json(
         directory / EXPORT_FILE,
         {
@@ -82,11 +91,13 @@ def write_export_meta(
             "format_version": EXPORT_FORMAT_VERSION,
             "engine": engine,
             "quantization": quantization,
-            "architecture": architecture,  # "Transformer", or "DecoderLM" (export_lm)
+            # "Transformer", "DecoderLM" (export_lm) or "EncoderClassifier" (export_cls)
+            "architecture": architecture,
             "model": to_dict(model_cfg),
             "decode": to_dict(decode),
             "source_model": str(source),
             "files": files,  # role -> file name, e.g. {"encoder": "encoder.onnx"}
             "versions": versions,  # aiayn and the engine's package at export time
+            **({"extra": extra} if extra else {}),
         },
     )
