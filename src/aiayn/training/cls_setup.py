@@ -203,24 +203,28 @@ def encoder_tensors(directory: str | Path) -> dict[str, Tensor]:
 
 def start_classifier(cfg: Config) -> tuple[Config, str]:
     """The config of a classifier starting from `train.init_from`: the pre-trained model's
-    architecture, with this config's classifier choices (pooling, pooler) and dropout; and
-    what it starts from ("encoder", or "whole": a classifier, its head too)."""
+    architecture with this config's dropout, and its pooling where it is a classifier (an
+    imported BERT's [CLS] and pooler, say), else this config's; and what it starts from
+    ("encoder", or "whole": a classifier, its head too)."""
     source = read_model_meta(cfg.train.init_from).get("architecture")
     pre: ModelConfig = load_model_config(cfg.train.init_from)
     mine = cfg.model
-    model = dataclasses.replace(pre, pooling=mine.pooling, pooler=mine.pooler, dropout=mine.dropout)
+    if source != "EncoderClassifier":  # an mlm run's or a translator's: no pooling of its own
+        pre = dataclasses.replace(pre, pooling=mine.pooling, pooler=mine.pooler)
+    model = dataclasses.replace(pre, dropout=mine.dropout)
     return dataclasses.replace(cfg, model=model), (
         "whole" if source == "EncoderClassifier" else "encoder"
     )
 
 
 def load_encoder(model: EncoderClassifier, directory: str | Path, whole: bool) -> None:
-    """Copy a pre-trained encoder (and, `whole`, the head too) into `model`; the pre-trained
-    side's weights must fit it exactly."""
+    """Copy a pre-trained encoder (and a classifier's pooler; with `whole`, its output layer
+    too) into `model`; the pre-trained side's weights must fit it exactly."""
     tensors = encoder_tensors(directory)
-    if whole:
-        head = {n: t for n, t in load_tensors(Path(directory) / WEIGHTS_FILE).items()}
-        tensors.update({n: t for n, t in head.items() if n.startswith(("classifier.", "pooler."))})
+    head = ("classifier.", "pooler.") if whole else ("pooler.",)
+    if read_model_meta(directory).get("architecture") == "EncoderClassifier":
+        rest = load_tensors(Path(directory) / WEIGHTS_FILE)
+        tensors.update({n: t for n, t in rest.items() if n.startswith(head)})
     own = model.state_dict()
     missing = [n for n in own if n.startswith(("embed.", "encoder.")) and n not in tensors]
     if missing:
