@@ -278,3 +278,18 @@ def test_data_check_without_any_input_names_every_mode(capsys):
         from aiayn.cli.main import build_parser
 
         run_data_check(build_parser().parse_args(["data", "check"]))
+
+
+def test_data_check_data_answers_without_torch(tmp_path):
+    """`aiayn data` is a command that never imports torch (~1.6 s): --data keeps it so."""
+    import subprocess
+    import sys
+
+    path = write(tmp_path / "d.tsv")
+    code = (
+        "import sys; from aiayn.cli.main import main; "
+        f"assert main(['data', 'check', '--data', {str(path)!r}, '--json']) == 0; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

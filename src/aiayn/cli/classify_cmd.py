@@ -40,8 +40,12 @@ def add_classify(sub: argparse._SubParsersAction) -> None:
         "class probabilities. Every input line is one text; an empty line is an error.",
     )
     p.add_argument("--model", type=Path, required=True, help="a classifier's directory")
-    p.add_argument("--input", required=True, help="UTF-8 texts, one a line; - reads stdin")
-    p.add_argument("--output", type=Path, help="default stdout; a file is replaced atomically")
+    p.add_argument(
+        "--input", required=True, metavar="FILE", help="UTF-8 texts, one a line; - reads stdin"
+    )
+    p.add_argument(
+        "--output", type=Path, metavar="FILE", help="default stdout; a file is replaced atomically"
+    )
     p.add_argument(
         "--json",
         action="store_true",
@@ -50,6 +54,7 @@ def add_classify(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--top-k",
         type=int,
+        metavar="K",
         help="the K likeliest labels, best first: with --json, probabilities is a list of "
         "[label, p]; plain, tab-separated label and p pairs",
     )
