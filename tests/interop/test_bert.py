@@ -4,7 +4,6 @@ Hugging Face's own, fine-tuning from it, and bad input as one-line errors."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import shutil
@@ -222,13 +221,14 @@ def test_bad_directories_are_one_line_exit_2_nothing_written(
 
 
 def test_fine_tuning_starts_from_the_imported_encoder(imported: Path, tmp_path: Path) -> None:
-    """train.init_from=an imported BERT, lr = 0: the classifier's encoder is BERT's, bit for
-    bit, its tokenizer the WordPiece, and BERT's head (cls pooling, pooler) is kept when asked."""
+    """train.init_from=an imported BERT, lr = 0: the classifier's encoder and pooler are
+    BERT's, bit for bit, its pooling BERT's [CLS] (the config's "mean" set aside), its
+    tokenizer the WordPiece; new labels, a new output layer."""
     pairs = [("pos", "a great film"), ("neg", "an awful plot"), ("pos", "very good story")] * 8
     data = tmp_path / "train.tsv"
     data.write_text("label\ttext\n" + "".join(f"{y}\t{t}\n" for y, t in pairs))
-    base = ModelConfig(vocab_size=8, d_model=16, n_heads=2, n_layers=1, d_ff=32)
-    model = dataclasses.replace(base, pooling="cls", pooler=True, dropout=0.0)
+    model = ModelConfig(vocab_size=8, d_model=16, n_heads=2, n_layers=1, d_ff=32, dropout=0.0)
+    assert (model.pooling, model.pooler) == ("mean", False)
     tc = TrainConfig(
         task="classify", data=str(data), init_from=str(imported), out_dir=str(tmp_path / "ft"),
         batch_size=8, lr_schedule="constant", lr=0.0, warmup_steps=0, max_steps=2,

@@ -180,7 +180,7 @@ def encoder_tensors(directory: str | Path) -> dict[str, Tensor]:
     arch = meta.get("architecture")
     prefixes = {
         "EncoderMLM": {"embed.": "embed.", "encoder.": "encoder."},
-        "EncoderClassifier": {"embed.": "embed.", "encoder.": "encoder.", "pooler.": "pooler."},
+        "EncoderClassifier": {"embed.": "embed.", "encoder.": "encoder."},
         "Transformer": {"src_embed.": "embed.", "encoder.": "encoder."},
     }.get(str(arch))
     if prefixes is None:
