@@ -336,3 +336,31 @@ def test_a_classifier_given_to_the_other_commands_says_what_it_is(trained, capsy
         code, _, err = run(argv, capsys)
         assert code == 2 and err.count("\n") == 1, err
         assert f"holds a classifier, {what} (aiayn classify, aiayn evaluate --data)" in err, err
+
+
+def test_an_onnx_export_classifies_and_evaluates_as_the_model_does(
+    trained, classifier, capsys, tmp_path
+):
+    pytest.importorskip("onnxruntime", reason="onnxruntime not installed (pip install .[test])")
+    pytest.importorskip("onnx", reason="onnx not installed (pip install .[test])")
+    out = tmp_path / "exported"
+    code, _, err = run(["export", "onnx", "--model", trained["cls"], "--out", out], capsys)
+    assert code == 0, err
+    texts = texts_of(trained)
+    code, printed, err = run(
+        ["classify", "--model", out, "--input", trained["texts"], "--json"], capsys
+    )
+    assert code == 0, err
+    rows = [list(json.loads(line)["probabilities"].values()) for line in printed.splitlines()]
+    torch.testing.assert_close(
+        torch.tensor(rows), classifier.probabilities(texts), atol=1e-5, rtol=0
+    )
+    argv = ["evaluate", "--model", out, "--data", trained["test"], "--json", "--bootstrap", "0"]
+    code, printed, _ = run(argv, capsys)
+    code_in, printed_in, _ = run([*argv[:2], trained["cls"], *argv[3:]], capsys)
+    assert code == code_in == 0
+    assert json.loads(printed)["accuracy"] == json.loads(printed_in)["accuracy"]
+    code, _, err = run(
+        ["classify", "--model", out, "--input", trained["texts"], "--dtype", "bf16"], capsys
+    )
+    assert code == 2 and "runs on the CPU in fp32" in err and err.count("\n") == 1

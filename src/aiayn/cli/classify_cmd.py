@@ -65,7 +65,7 @@ def add_classify(sub: argparse._SubParsersAction) -> None:
 
 def run_classify(args: argparse.Namespace) -> int:
     from aiayn.atomic import atomic_open_text, same_file
-    from aiayn.classify.classifier import Classifier
+    from aiayn.interop.cls_engines import load_classifier
     from aiayn.runtime.device import set_threads
     from aiayn.runtime.progress import interactive, progress
 
@@ -83,7 +83,7 @@ def run_classify(args: argparse.Namespace) -> int:
     source: BinaryIO = sys.stdin.buffer if from_stdin else open(args.input, "rb")  # noqa: SIM115
     try:
         set_threads(args.threads)
-        classifier = Classifier.open(args.model, device=args.device, dtype=args.dtype)
+        classifier = load_classifier(args.model, device=args.device, dtype=args.dtype)
         if args.top_k is not None and args.top_k > len(classifier.labels):
             raise AiaynError(
                 f"--top-k {args.top_k}: the classifier has {len(classifier.labels)} labels"
@@ -183,9 +183,9 @@ def classify_to(
 
 def run_evaluate_data(args: argparse.Namespace) -> int:
     """`aiayn evaluate --model CLASSIFIER --data FILE`: the classifier's scores on it."""
-    from aiayn.classify.classifier import Classifier
     from aiayn.classify.metrics import bootstrap, confusion, scores
     from aiayn.classify.report import confusion_table, image_format, score_lines, write_confusion
+    from aiayn.interop.cls_engines import load_classifier
     from aiayn.runtime.device import set_threads
     from aiayn.text.labelled import label_set, read_labelled
 
@@ -201,7 +201,7 @@ def run_evaluate_data(args: argparse.Namespace) -> int:
             f"{MAX_BOOTSTRAP_DRAWS:,} draws at once; give a smaller --bootstrap (0: none)"
         )
     set_threads(args.threads)
-    classifier = Classifier.open(args.model, device=args.device, dtype=args.dtype)
+    classifier = load_classifier(args.model, device=args.device, dtype=args.dtype)
     labels = classifier.labels
     index = {label: i for i, label in enumerate(labels)}
     unknown = label_set([label for label, _ in pairs if label not in index])
