@@ -251,3 +251,11 @@ def test_a_copy_of_the_model_is_unchanged(classifier):
     assert not classifier.model.embed.tokens._forward_hooks and not classifier.model.training
     for k, v in classifier.model.state_dict().items():
         assert torch.equal(v, before[k])
+
+
+def test_the_callers_grad_mode_does_not_matter(classifier, exp):
+    """A server's worker may call it under inference_mode or no_grad: the saliency is the same."""
+    for mode in (torch.inference_mode, torch.no_grad):
+        with mode():
+            again = explain_classifier(classifier, SENTENCE)
+        assert again.saliency.values == pytest.approx(exp.saliency.values, abs=1e-6)

@@ -18,6 +18,7 @@ The numbers are computed in fp32 wherever the model runs (no autocast), from the
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -219,26 +220,31 @@ def explain_classifier(
         return name.endswith(".weights") or name in HEAD_NAMES or want is None or want(name)
 
     embedded: list[Tensor] = []
+    owner = threading.get_ident()
 
-    def as_leaf(_module: object, _inputs: object, out: Tensor) -> Tensor:
-        # The token embeddings as a leaf of the graph: the gradient is taken with respect to it.
+    def as_leaf(_module: object, _inputs: object, out: Tensor) -> Tensor | None:
+        # The token embeddings as a leaf of the graph: the gradient is taken with respect to
+        # it. Only this thread's pass: a server may run the same model in another meanwhile.
+        if threading.get_ident() != owner:
+            return None
         leaf = out.detach().requires_grad_(True)
         embedded.append(leaf)
         return leaf
 
     dev = next(model.parameters()).device
     hook = model.embed.tokens.register_forward_hook(as_leaf)
-    try:
-        with torch.enable_grad(), tracing(keep=keep, max_numel=max_numel) as rec:
-            logits_1C = model(torch.tensor([ids], device=dev))
-            rec.count(2 * logits_1C.numel())  # the filed probabilities, and the saliency
+    try:  # gradients on, whatever the caller turned off (no_grad, inference_mode)
+        with torch.inference_mode(False), torch.enable_grad():
+            with tracing(keep=keep, max_numel=max_numel) as rec:
+                logits_1C = model(torch.tensor([ids], device=dev))
+                rec.count(2 * logits_1C.numel())  # the filed probabilities, and the saliency
+            logits_C = logits_1C[0].detach().float().cpu()
+            predicted = int(logits_C.argmax())
+            target = class_index(labels, class_label, predicted)
+            (grad_1TD,) = torch.autograd.grad(logits_1C[0, target], embedded[0])
     finally:
         hook.remove()
-    logits_C = logits_1C[0].detach().float().cpu()
     probs_C = logits_C.softmax(-1)
-    predicted = int(logits_C.argmax())
-    target = class_index(labels, class_label, predicted)
-    (grad_1TD,) = torch.autograd.grad(logits_1C[0, target], embedded[0])
     values_T = (grad_1TD[0].double() * embedded[0][0].detach().double()).sum(-1).cpu()
     top = float(values_T.abs().max())
     normalised_T = values_T / top if top > 0 else torch.zeros_like(values_T)
