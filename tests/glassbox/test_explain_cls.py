@@ -164,7 +164,7 @@ def test_text_and_json(exp):
     assert "<- predicted" in text and "softmax(logits): the class probabilities" in text
     assert "next-token" not in text  # the classifier's own descriptions, not a decoder's
     assert "|" in text and "█" in text  # the bars
-    coloured = cls_to_text(exp, colour=True)
+    coloured = cls_to_text(exp, ansi=True)
     assert "\x1b[" in coloured and "48;2;" in coloured
     data = json.loads(json.dumps(cls_to_json(exp, View(layers=(0,))), allow_nan=False))
     assert data["format"] == "aiayn.explain_cls/1" and data["labels"] == LABELS
@@ -259,3 +259,10 @@ def test_the_callers_grad_mode_does_not_matter(classifier, exp):
         with mode():
             again = explain_classifier(classifier, SENTENCE)
         assert again.saliency.values == pytest.approx(exp.saliency.values, abs=1e-6)
+
+
+def test_a_notebook_draws_it(exp):
+    page = exp._repr_html_()
+    assert "<script" not in page and "gradient x input" in page and "rollout" in page
+    assert page.count("<span title=") == 2 * len(exp.pieces)  # saliency and rollout, per token
+    assert "IS NOT" in page and f"{float(exp.probs[exp.predicted]):.4f}" in page

@@ -286,8 +286,8 @@ def _explain_cls(args: argparse.Namespace) -> str:
         ) from None
     if args.format == "json":
         return cls_to_json_text(exp, view)
-    colour = args.out is None and sys.stdout.isatty() and "NO_COLOR" not in os.environ
-    return cls_to_text(exp, view, colour=colour)
+    ansi = args.out is None and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    return cls_to_text(exp, view, ansi=ansi)
 
 
 def add_attend(sub: argparse._SubParsersAction) -> None:

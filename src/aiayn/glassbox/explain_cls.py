@@ -105,6 +105,11 @@ class ClassifierExplanation:
         e = self.forward.entries.get("pooler")
         return None if e is None else e.value
 
+    def _repr_html_(self) -> str:  # a notebook cell draws the decision and the attributions
+        from aiayn.glassbox.render_cls import cls_to_html
+
+        return cls_to_html(self)
+
     def attention(self) -> list[Tensor]:
         """Per layer, the (H, T, T) self-attention weights."""
         L, H = self.forward.layers_and_heads()

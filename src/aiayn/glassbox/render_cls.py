@@ -9,12 +9,13 @@ terminal), shades each token by its saliency: red towards the class, blue away f
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import Iterator
 
 from torch import Tensor
 
-from aiayn.glassbox.colours import BLUE, RED
+from aiayn.glassbox.colours import BLUE, RED, colour
 from aiayn.glassbox.explain_cls import ROLLOUT_NOTE, SALIENCY_NOTE, ClassifierExplanation
 from aiayn.glassbox.explanation import Entry
 from aiayn.glassbox.render import View, _layer, _which, entry_lines, token_lines
@@ -118,20 +119,20 @@ def decision_lines(exp: ClassifierExplanation, precision: int) -> list[str]:
     return out
 
 
-def saliency_lines(exp: ClassifierExplanation, precision: int, colour: bool) -> list[str]:
+def saliency_lines(exp: ClassifierExplanation, precision: int, ansi: bool) -> list[str]:
     s = exp.saliency
     which = "the predicted class" if s.target == exp.predicted else "the class asked for"
     out = [f"  of the logit of {s.label!r} ({which}); bars: value / max |value|", ""]
     width = max(len(repr(p)) for p in exp.pieces)
     for t, piece in enumerate(exp.pieces):
         shown = repr(piece).ljust(width)
-        if colour:
+        if ansi:
             shown = shade(shown, s.normalised[t])
         out.append(
             f"  {t:>3}  {shown}  {s.values[t]:+.{precision}f}  {s.normalised[t]:+.2f}  "
             f"{signed_bar(s.normalised[t])}"
         )
-    if colour:
+    if ansi:
         out += [
             "",
             "  " + "".join(shade(p, v) for p, v in zip(exp.pieces, s.normalised, strict=True)),
@@ -149,9 +150,9 @@ def rollout_lines(exp: ClassifierExplanation, precision: int) -> list[str]:
     return out
 
 
-def cls_to_text(exp: ClassifierExplanation, view: View | None = None, colour: bool = False) -> str:
+def cls_to_text(exp: ClassifierExplanation, view: View | None = None, ansi: bool = False) -> str:
     """The explanation as text: the forward pass's tables, then the decision and the two
-    attributions (`colour`: ANSI shading of the tokens, for a terminal)."""
+    attributions (`ansi`: colour shading of the tokens, for a terminal)."""
     view = view or View()
     view.check(exp.forward)
     c = exp.forward.config
@@ -188,7 +189,7 @@ def cls_to_text(exp: ClassifierExplanation, view: View | None = None, colour: bo
     if exp.pooler is not None:
         out += vector_lines("pooler", exp.pooler, p)
     out += ["", "== saliency: gradient x input per token ==", *_wrap(SALIENCY_NOTE)]
-    out += saliency_lines(exp, p, colour)
+    out += saliency_lines(exp, p, ansi)
     out += ["", "== attention rollout per token ==", *_wrap(ROLLOUT_NOTE)]
     out += rollout_lines(exp, p)
     out += [
@@ -263,3 +264,43 @@ def cls_to_json(exp: ClassifierExplanation, view: View | None = None) -> dict:
 
 def cls_to_json_text(exp: ClassifierExplanation, view: View | None = None) -> str:
     return json.dumps(cls_to_json(exp, view), ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def cls_to_html(exp: ClassifierExplanation) -> str:
+    """The decision and the two attributions as an HTML fragment (a notebook's view of a
+    `ClassifierExplanation`): class probabilities as bars, the tokens shaded by saliency (red
+    towards the class, blue away) and by rollout, each with its note; no script."""
+    esc = html.escape
+    s, top = exp.saliency, float(exp.rollout.max()) or 1.0
+    rows = "".join(
+        f"<tr><td>{esc(label)}</td><td>{float(exp.logits[c]):.4f}</td>"
+        f"<td>{float(exp.probs[c]):.4f}</td><td><div style='width:{200 * float(exp.probs[c]):.1f}"
+        f"px;height:10px;background:rgba({BLUE},.8)'></div></td>"
+        f"<td>{'predicted' if c == exp.predicted else ''}</td></tr>"
+        for c, label in enumerate(exp.labels)
+    )
+
+    def tokens(values: list[float], unit: bool, what: str) -> str:
+        return "".join(
+            f"<span title='{t}: {esc(p)} {what} {v:.4f}' style='background:"
+            f"{colour(v / top if unit else v, 1.0, unit)};padding:1px 2px;margin:1px'>"
+            f"{esc(p)}</span>"
+            for t, (p, v) in enumerate(zip(exp.pieces, values, strict=True))
+        )
+
+    note = "<p style='font-size:11px;color:#667;max-width:60em'>{}</p>"
+    return (
+        "<div style='font:13px system-ui,sans-serif'>"
+        f"<h4>{esc(exp.text)}: {esc(exp.labels[exp.predicted])} "
+        f"(p = {float(exp.probs[exp.predicted]):.4f})</h4>"
+        f"<table><tr><th>class</th><th>logit</th><th>p</th><th></th><th></th></tr>{rows}</table>"
+        f"<h4>saliency (gradient x input) of the logit of {esc(s.label)!r}</h4>"
+        f"<div style='font:14px/2 ui-monospace,monospace'>"
+        f"{tokens(s.normalised, False, 'normalised saliency')}</div>"
+        + note.format(esc(SALIENCY_NOTE))
+        + f"<h4>attention rollout, read at {esc(POOLED_AT[exp.pooling])}</h4>"
+        f"<div style='font:14px/2 ui-monospace,monospace'>"
+        f"{tokens(exp.rollout.tolist(), True, 'rollout')}</div>"
+        + note.format(esc(ROLLOUT_NOTE))
+        + "</div>"
+    )
