@@ -130,7 +130,7 @@ def test_onnx_logits_equal_aiayns_on_padded_batches(
 
 def test_onnx_classifier_offers_classifiers_interface(bert_like: Path, exported: Path) -> None:
     ours = load_classifier(bert_like, device="cpu", dtype="fp32")
-    theirs = load_classifier(exported)
+    theirs = load_classifier(exported, threads=1)
     assert type(ours) is Classifier and isinstance(theirs, OnnxClassifier)
     assert theirs.labels == ours.labels == LABELS
     assert theirs.ids(TEXTS) == ours.ids(TEXTS)

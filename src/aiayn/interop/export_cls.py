@@ -130,15 +130,19 @@ class OnnxClassifier(Classifier):
 
     @classmethod
     def open(
-        cls, directory: str | Path | ModelDir, device: str = "auto", dtype: str = "auto"
+        cls,
+        directory: str | Path | ModelDir,
+        device: str = "auto",
+        dtype: str = "auto",
+        threads: int = 0,
     ) -> OnnxClassifier:
         """The export in `directory`; it runs in fp32 on the CPU, and a --device/--dtype asking
-        for anything else is refused in one line."""
+        for anything else is refused in one line. `threads`: ONNX Runtime's (0 = its default)."""
         if device.strip().lower() not in ("auto", "cpu") or dtype not in ("auto", "fp32"):
             raise ConfigError(
                 "an exported model runs on the CPU in fp32: leave out --device/--dtype"
             )
-        return cls(directory)
+        return cls(directory, threads)
 
     def ids(self, texts: Sequence[str]) -> list[list[int]]:
         return classifier_ids(self.tok, texts, self.cfg.max_len)
