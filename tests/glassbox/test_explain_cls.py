@@ -266,3 +266,14 @@ def test_a_notebook_draws_it(exp):
     assert "<script" not in page and "gradient x input" in page and "rollout" in page
     assert page.count("<span title=") == 2 * len(exp.pieces)  # saliency and rollout, per token
     assert "IS NOT" in page and f"{float(exp.probs[exp.predicted]):.4f}" in page
+
+
+def test_a_pre_ln_model_shows_its_final_norm():
+    tok = CharTokenizer.fit([TEXT])
+    cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=16, n_heads=2, n_layers=1, d_ff=32,
+                      dropout=0.0, max_len=24, norm_first=True)  # fmt: skip
+    model = EncoderClassifier(cfg, 2, ["a", "b"])
+    c = Classifier(model, tok, choose_precision("fp32", torch.device("cpu"), decoding=True))
+    exp = explain_classifier(c, SENTENCE)
+    torch.testing.assert_close(exp.pooled, exp.forward["encoder.norm"].mean(0))
+    assert "\nencoder.norm  [" in cls_to_text(exp)

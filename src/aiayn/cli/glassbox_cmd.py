@@ -122,6 +122,7 @@ def run_explain(args: argparse.Namespace) -> int:
         report = _explain_lm(args) if kind == "DecoderLM" else _explain_cls(args)
     else:
         if args.text is not None or args.class_label is not None:
+            refuse_export_dir(args.model, "explain")  # an exported classifier: said so
             raise AiaynError(
                 "--text and --class are for a classifier (an EncoderClassifier directory); "
                 "a translator explains a sentence: aiayn explain --model DIR 'sentence'"

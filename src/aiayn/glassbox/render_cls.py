@@ -58,7 +58,7 @@ def cls_sections(exp: ClassifierExplanation, view: View) -> Iterator[tuple[str, 
     for layer in range(L):
         if entries := pick(_layer("encoder", layer, H)):
             yield f"layer {layer} (self-attention over the whole text, FFN)", entries
-    head = ["pooled", "pooler", "classifier.logits", "classifier.probs"]
+    head = ["encoder.norm", "pooled", "pooler", "classifier.logits", "classifier.probs"]
     yield "the sentence vector and the classes", pick(head)
 
 
