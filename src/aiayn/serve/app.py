@@ -14,6 +14,10 @@ Endpoints (docs/serving.md has examples; /openapi.json describes every body):
     POST /v1/explain/lm    a language model's server only: one prompt traced for the page
                            (aiayn.glassbox.lm_page: causal attention, the next-token
                            distribution under temperature / top-k / top-p, the tensors)
+    POST /v1/classify      a classifier's server only (aiayn.serve.classify_handler):
+                           {"texts": [str], "top_k"} -> {"results": [{"label",
+                           "probabilities" | "top"}], "model"}; its page is
+                           static/classify.html, when the install has one
     GET  /v1/explain/seed  the tutorials' worked example: `aiayn explain --seed-example
                            --format json` (no model needed; the page opens it)
     GET  /v1/model         configuration, languages, sizes, limits, example sentences
@@ -21,8 +25,9 @@ Endpoints (docs/serving.md has examples; /openapi.json describes every body):
     GET  /metrics          Prometheus text format
     GET  /docs, /openapi.json   the API, described
 
-A server holds a translator or a language model (`aiayn.nn.variants.DecoderLM`): the endpoints
-of the other kind answer 404 with a line naming the right one, and are not in its schema.
+A server holds a translator, a language model (`aiayn.nn.variants.DecoderLM`) or a classifier
+(`aiayn.nn.encoder_only.EncoderClassifier`): the endpoints of the other kinds answer 404 with a
+line naming the right one, and are not in its schema.
 
 Before any handler runs, `Guard` checks the Host header against an allowlist (DNS
 rebinding), the API key (every path but /health), the content type of a POST (JSON; forms
@@ -46,16 +51,25 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from aiayn import __version__
+from aiayn.classify.classifier import Classifier
 from aiayn.generate.generator import Generator
+from aiayn.serve.classify_handler import (
+    ON_CLASSIFIER_SERVER,
+    ON_LM_SERVER_CLS,
+    ON_TRANSLATOR_SERVER_CLS,
+    ClassifyServer,
+    V1ClassifyResponse,
+    require_json,
+)
 from aiayn.serve.generate_handler import (
     ON_LM_SERVER,
     ON_TRANSLATOR_SERVER,
@@ -145,6 +159,7 @@ TRANSLATION_ENDPOINTS = [
     ("/v1/translate", "POST"),
     ("/v1/explain", "POST"),
 ]
+LM_ENDPOINTS = [("/v1/generate", "POST"), ("/v1/explain/lm", "POST")]
 # The streamed answer, besides the JSON one: its `schema` describes one event (OpenAPI 3.1).
 SSE_EVENT = {
     "type": "object",
@@ -165,10 +180,10 @@ GENERATE_OPENAPI: dict[str, Any] = {
 
 
 def create_app(
-    served: Translator | Generator, model_dir: Path | ModelDir, opts: ServeOptions
+    served: Translator | Generator | Classifier, model_dir: Path | ModelDir, opts: ServeOptions
 ) -> FastAPI:
-    """The FastAPI app for a translator or a language model; its lifespan stops the model
-    worker after the last answer."""
+    """The FastAPI app for a translator, a language model or a classifier; its lifespan stops
+    the model worker after the last answer."""
     server: BaseServer | None = None
 
     @contextlib.asynccontextmanager
@@ -186,11 +201,25 @@ def create_app(
     )
     if isinstance(served, Generator):
         server = LMServer(served, model_dir, opts)
+    elif isinstance(served, Classifier):
+        server = ClassifyServer(served, model_dir, opts)
     else:
         server = Server(served, model_dir, opts)
     app.state.server = server
-    page_file = "static/lm.html" if isinstance(server, LMServer) else "static/serve.html"
-    page = resources.files("aiayn.serve").joinpath(page_file).read_text(encoding="utf-8")
+    # /metrics says what is served as /health does: one series, labelled with the kind
+    Gauge(
+        "aiayn_model_kind",
+        "the kind of model served (its label; always 1)",
+        ["kind"],
+        registry=server.metrics.registry,
+    ).labels(server.kind).set(1)
+    pages = {LMServer: "static/lm.html", ClassifyServer: "static/classify.html"}
+    page_file = resources.files("aiayn.serve").joinpath(
+        pages.get(type(server), "static/serve.html")
+    )
+    # a classifier's page may be missing from an install: "/" then names the endpoint
+    page = page_file.read_text(encoding="utf-8") if page_file.is_file() else None
+    task = "classify" if isinstance(server, ClassifyServer) else "translate"  # (empty texts)
 
     @app.exception_handler(ApiError)
     async def api_error(_r: Request, e: ApiError) -> JSONResponse:
@@ -205,7 +234,7 @@ def create_app(
         errors = list(e.errors())
         if errors and errors[0].get("type") == "json_invalid":
             return error_response(400, f"invalid JSON: {errors[0].get('ctx', {}).get('error', '')}")
-        return error_response(422, validation_message(errors))
+        return error_response(422, validation_message(errors, task))
 
     @app.exception_handler(Exception)
     async def internal_error(_r: Request, e: Exception) -> JSONResponse:
@@ -214,13 +243,15 @@ def create_app(
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> HTMLResponse:
+        if page is None:
+            raise ApiError(404, f"{ON_CLASSIFIER_SERVER} (this install has no page for it)")
         return HTMLResponse(page)
 
     @app.get("/health", response_model=HealthResponse)
     async def health() -> dict[str, Any]:
         # in_flight: other requests accepted and not yet answered (this one is not counted)
         in_flight = server.accepted - server.answered - 1
-        queued = server.batcher.queued()
+        queued = server.queued() if isinstance(server, ClassifyServer) else server.batcher.queued()
         return {"status": "ok", "queued": queued, "in_flight": in_flight, "kind": server.kind}
 
     @app.get("/metrics", include_in_schema=False)
@@ -247,11 +278,25 @@ def create_app(
         )
         for path, method in TRANSLATION_ENDPOINTS:
             app.api_route(path, methods=[method], include_in_schema=False)(_elsewhere(ON_LM_SERVER))
+        app.post("/v1/classify", include_in_schema=False)(_elsewhere(ON_LM_SERVER_CLS))
+    elif isinstance(server, ClassifyServer):
+        app.post(
+            "/v1/classify",
+            response_model=V1ClassifyResponse,
+            response_model_exclude_none=True,
+            responses=ERRORS,
+            dependencies=[Depends(require_json)],  # (the Guard's list of JSON paths lacks it)
+        )(_with_body(server.v1_classify, server.body))
+        for path, method in TRANSLATION_ENDPOINTS + LM_ENDPOINTS:
+            app.api_route(path, methods=[method], include_in_schema=False)(
+                _elsewhere(ON_CLASSIFIER_SERVER)
+            )
     else:
         assert isinstance(server, Server)
         _translation_endpoints(app, server)
         app.post("/v1/generate", include_in_schema=False)(_elsewhere(ON_TRANSLATOR_SERVER))
         app.post("/v1/explain/lm", include_in_schema=False)(_elsewhere(ON_TRANSLATOR_SERVER_LM))
+        app.post("/v1/classify", include_in_schema=False)(_elsewhere(ON_TRANSLATOR_SERVER_CLS))
 
     app.add_middleware(Guard, server=server)  # type: ignore[arg-type]
     if opts.cors_origins:  # outside the Guard: preflights carry no key

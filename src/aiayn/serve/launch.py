@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
+from aiayn.classify.classifier import Classifier
 from aiayn.errors import AiaynError
 from aiayn.generate.generator import Generator
 from aiayn.runtime.gc_pauses import freeze_startup
@@ -23,14 +24,19 @@ from aiayn.translate.translator import Translator
 log = logging.getLogger(__name__)
 
 
-def load_any(opened: ModelDir, device: str, dtype: str, threads: int) -> Translator | Generator:
+def load_any(
+    opened: ModelDir, device: str, dtype: str, threads: int
+) -> Translator | Generator | Classifier:
     """The translator of an aiayn model directory, or of an `aiayn export` directory
-    (CTranslate2 or ONNX Runtime: the same API, the engine's own search; nothing to trace), or
-    the generator of a language model's directory (a DecoderLM: served at /v1/generate)."""
+    (CTranslate2 or ONNX Runtime: the same API, the engine's own search; nothing to trace), the
+    generator of a language model's directory (a DecoderLM: served at /v1/generate), or the
+    classifier of a classifier's (an EncoderClassifier: served at /v1/classify)."""
     from aiayn.interop.engines import load_translator
 
     if not opened.is_export and opened.architecture == "DecoderLM":
         return Generator.load(opened, device=device, dtype=dtype)
+    if not opened.is_export and opened.architecture == "EncoderClassifier":
+        return Classifier.open(opened, device=device, dtype=dtype)
     if opened.is_export:
         return load_translator(opened, device=device, dtype=dtype, threads=threads)
     return Translator.load(opened, device=device, dtype=dtype)
@@ -89,7 +95,8 @@ def serve(
         opened = ModelDir.open(model_dir)  # the one reading of the directory's description
         model = load_any(opened, device, dtype, threads)
         app = create_app(model, opened, opts)
-        return _run(app, sock, model_dir, model.device, opts, announce)
+        where = model.precision.device if isinstance(model, Classifier) else model.device
+        return _run(app, sock, model_dir, where, opts, announce)
     finally:
         sock.close()
         if app is not None:  # the worker stops (done already after a drain: the app's lifespan)

@@ -212,9 +212,9 @@ class HealthResponse(BaseModel):
     status: Literal["ok"]
     queued: int
     in_flight: int
-    kind: Literal["translator", "language_model"] = Field(
-        description="the model served: a translator (/v1/translate) or a language model "
-        "(/v1/generate)"
+    kind: Literal["translator", "language_model", "classifier"] = Field(
+        description="the model served: a translator (/v1/translate), a language model "
+        "(/v1/generate) or a classifier (/v1/classify)"
     )
 
 
@@ -364,8 +364,9 @@ def generate_model(limits: Limits) -> type[StrictBody]:
     return V1GenerateRequest
 
 
-def validation_message(errors: list[Any]) -> str:
-    """pydantic's first error as one line: `'beam': Input should be ... (got 9)`."""
+def validation_message(errors: list[Any], task: str = "translate") -> str:
+    """pydantic's first error as one line: `'beam': Input should be ... (got 9)`; an empty
+    text is "no text to {task}"."""
     if not errors:
         return "invalid request"
     first = errors[0]
@@ -383,7 +384,7 @@ def validation_message(errors: list[Any]) -> str:
     loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_branch(p)]
     where = f"'{'.'.join(loc)}': " if loc else ""
     if first.get("type") == "string_pattern_mismatch":  # the only pattern: SOME_TEXT
-        return f"{where}no text to translate (empty or only spaces)"
+        return f"{where}no text to {task} (empty or only spaces)"
     got = f" (got {_shown(first)})" if "input" in first and first["type"] != "missing" else ""
     return f"{where}{first.get('msg', 'invalid')}{got}"
 
