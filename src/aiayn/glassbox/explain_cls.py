@@ -34,8 +34,8 @@ from aiayn.nn.tracing import tracing
 
 log = logging.getLogger(__name__)
 
-# Trace names of the classifier's head (aiayn.nn.encoder_only), filed under these names.
-HEAD_NAMES = {"pooled": "pooled", "pooler": "pooler", "classifier.logits": "classifier.logits"}
+# Trace names of the classifier's head (aiayn.nn.encoder_only), filed apart from the stack's.
+HEAD_NAMES = ("pooled", "pooler", "classifier.logits")
 
 SALIENCY_NOTE = (
     "saliency = gradient x input: d(logit of the class)/d(token embedding) . (token embedding), "
@@ -55,7 +55,7 @@ ROLLOUT_NOTE = (
 
 @dataclass
 class Saliency:
-    """Gradient x input per token (Simonyan et al., 2014; Shrikumar et al., 2017).
+    """Gradient x input per token (Shrikumar et al., 2016), on the token embeddings.
 
     `values[t]` = sum over d of (d logit_c / d e_td) x e_td, where e is the token embeddings
     entering the embedding sum (the scale by sqrt(d_model) cancels: g/s . s e = g . e) and c
