@@ -18,9 +18,10 @@ import json
 import logging
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiayn.errors import ConfigError, DataError
 from aiayn.text.tokenizer import Tokenizer
@@ -64,6 +65,8 @@ def read_labelled(
     count. Blank lines are skipped."""
     path = Path(path)
     text = _read(path)
+    if not text.strip():
+        raise DataError(f"{path}: no labelled text in it")
     fmt = data_format(path)
     rows: list[tuple[int, str, str]] = []  # (line, label, text)
     if fmt == "plain":
@@ -109,8 +112,14 @@ def _field(value: object) -> str:
 def _read_table(
     path: Path, text: str, delimiter: str, label_column: str, text_column: str
 ) -> list[tuple[int, str, str]]:
+    """A CSV's records follow RFC 4180, strictly: an unclosed quote is an error naming the
+    line it opened on, not the rest of the file swallowed into one text. A TSV's are one line
+    each, its cells as written unless a whole cell is quoted (as pandas writes them)."""
     csv.field_size_limit(MAX_FIELD)
-    reader = csv.reader(io.StringIO(text), delimiter=delimiter)
+    tsv = delimiter == "\t"
+    lines = iter(text.split("\n")) if tsv else io.StringIO(text)
+    reader: Any = _TsvReader(lines) if tsv else csv.reader(lines, delimiter=delimiter, strict=True)
+    start = 1  # the line the record being read starts on
     try:
         header = next(reader, None)
         if header is None:
@@ -123,17 +132,44 @@ def _read_table(
                 f"(columns: {', '.join(columns)}); name them with --label-column/--text-column"
             )
         li, ti = columns.index(label_column), columns.index(text_column)
-        rows = []
-        for record in reader:
+        rows: list[tuple[int, str, str]] = []
+        while True:
+            start = reader.line_num + 1
+            record = next(reader, None)
+            if record is None:
+                return rows
             if not any(cell.strip() for cell in record):
                 continue
-            n = reader.line_num
             if len(record) <= max(li, ti):
-                raise DataError(f"{path}:{n}: {len(record)} columns, the header has {len(columns)}")
-            rows.append((n, record[li], record[ti]))
-        return rows
+                raise DataError(
+                    f"{path}:{start}: {len(record)} columns, the header has {len(columns)}"
+                )
+            rows.append((start, record[li], record[ti]))
     except csv.Error as e:
-        raise DataError(f"{path}:{reader.line_num}: {e}") from None
+        raise DataError(f"{path}:{start}: {e}") from None
+
+
+class _TsvReader:
+    """csv.reader's interface over TSV lines: cells split at tabs, a cell wholly in quotes
+    (doubled quotes inside) unquoted, any other quote kept as a character."""
+
+    def __init__(self, lines: Iterator[str]) -> None:
+        self.lines, self.line_num = lines, 0
+
+    def __iter__(self) -> _TsvReader:
+        return self
+
+    def __next__(self) -> list[str]:
+        line = next(self.lines)
+        self.line_num += 1
+        return [_unquote(cell) for cell in line.split("\t")]
+
+
+def _unquote(cell: str) -> str:
+    inner = cell[1:-1]
+    if len(cell) >= 2 and cell[0] == cell[-1] == '"' and '"' not in inner.replace('""', ""):
+        return inner.replace('""', '"')
+    return cell
 
 
 def label_set(labels: Sequence[str]) -> list[str]:
