@@ -340,3 +340,24 @@ def test_requests_after_shutdown_are_refused():
         co.submit(["a"])
     assert co.waiting() == 0
 
+
+
+def test_a_classifiers_onnx_export_is_served_too(cls_dir, classifier, tmp_path, one_thread):
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install .[onnx])")
+    from aiayn.interop.export_cls import export_cls_onnx
+
+    export = export_cls_onnx(cls_dir, tmp_path / "onnx")
+    s = ServerProcess(export)
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            r = c.post("/v1/classify", json={"texts": TEXTS})
+            assert r.status_code == 200, r.text
+            for result, row in zip(r.json()["results"], classifier.probabilities(TEXTS).tolist(),
+                                   strict=True):  # fmt: skip
+                assert list(result["probabilities"].values()) == pytest.approx(row, abs=1e-5)
+            info = c.get("/v1/model").json()
+            assert info["engine"].startswith("onnxruntime") and info["parameters"] is None
+            assert info["labels"] == classifier.labels and info["examples"]  # its source's
+    finally:
+        code, _, err = s.stop()
+    assert code == 0 and "Traceback" not in err, err[-4000:]

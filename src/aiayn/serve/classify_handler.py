@@ -232,7 +232,9 @@ class ClassifyServer(BaseServer):
         self, classifier: Classifier, model_dir: Path | ModelDir, opts: ServeOptions
     ) -> None:
         super().__init__(None, opts, classifier.tok.vocab_size)
-        self.classifier, self.model_dir = classifier, open_model_dir(model_dir).path
+        opened = open_model_dir(model_dir)
+        self.classifier, self.model_dir = classifier, opened.path
+        self.model_cfg, self.engine = opened.model_cfg, opened.engine  # engine: None for aiayn's
         self.labels = list(classifier.labels)
         self.body = classify_model(self.limits, self.labels)
         self.coalescer = Coalescer(
@@ -246,7 +248,8 @@ class ClassifyServer(BaseServer):
         # The queue gauge counts the requests waiting for a pass, not the one pass queued.
         self.metrics = Metrics(self.queued)
         self.batcher.on_batch = self.metrics.batch
-        self.examples = run_examples(self.model_dir)
+        # An export records no training files: its examples are its source model's.
+        self.examples = run_examples(self.model_dir) or run_examples(opened.source)
         self.traceable = False  # POST /v1/explain/classify (set by the app that serves it)
 
     def queued(self) -> int:
@@ -284,16 +287,19 @@ class ClassifyServer(BaseServer):
 
     def model_info(self) -> dict[str, Any]:
         c = self.classifier
+        torch_model = c.model  # None: an ONNX export (aiayn.interop.export_cls)
         return {
             "name": self.name,
             "aiayn": __version__,
             "kind": self.kind,
             "labels": self.labels,
             "languages": None,
-            "engine": "aiayn",
+            "engine": self.engine or "aiayn",
             "traceable": self.traceable,
-            "model": to_dict(c.model.cfg),
-            "parameters": sum(p.numel() for p in c.model.parameters()),
+            "model": to_dict(self.model_cfg),
+            "parameters": None
+            if torch_model is None
+            else sum(p.numel() for p in torch_model.parameters()),
             "vocab_size": c.tok.vocab_size,
             "precision": c.precision.to_json(),
             "limits": _limits(self.limits),

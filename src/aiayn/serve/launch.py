@@ -30,13 +30,15 @@ def load_any(
     """The translator of an aiayn model directory, or of an `aiayn export` directory
     (CTranslate2 or ONNX Runtime: the same API, the engine's own search; nothing to trace), the
     generator of a language model's directory (a DecoderLM: served at /v1/generate), or the
-    classifier of a classifier's (an EncoderClassifier: served at /v1/classify)."""
+    classifier of a classifier's directory or of its ONNX export (an EncoderClassifier: served
+    at /v1/classify)."""
+    from aiayn.interop.cls_engines import load_classifier
     from aiayn.interop.engines import load_translator
 
     if not opened.is_export and opened.architecture == "DecoderLM":
         return Generator.load(opened, device=device, dtype=dtype)
-    if not opened.is_export and opened.architecture == "EncoderClassifier":
-        return Classifier.open(opened, device=device, dtype=dtype)
+    if opened.architecture == "EncoderClassifier":
+        return load_classifier(opened, device=device, dtype=dtype, threads=threads)
     if opened.is_export:
         return load_translator(opened, device=device, dtype=dtype, threads=threads)
     return Translator.load(opened, device=device, dtype=dtype)
