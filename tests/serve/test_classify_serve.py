@@ -6,7 +6,8 @@ batches with other requests' there, so their padding differs), in the request's 
 lists the most probable labels; every bound is a 4xx JSON error of one line; each kind of
 server answers the other kinds' endpoints with a 404 naming its own; requests from concurrent
 clients are all answered right, sharing forward passes; a request whose client has gone is
-skipped before its pass (`Coalescer`, in-process).
+skipped before its pass (`Coalescer`, in-process); POST /v1/explain/classify gives the page's
+trace (aiayn.glassbox.classify_page), bounded by --max-trace-numbers.
 """
 
 import random
@@ -26,7 +27,9 @@ from aiayn.serve.batcher import Batcher
 from aiayn.serve.classify_handler import (
     ON_CLASSIFIER_SERVER,
     ON_LM_SERVER_CLS,
+    ON_LM_SERVER_CLS_EXPLAIN,
     ON_TRANSLATOR_SERVER_CLS,
+    ON_TRANSLATOR_SERVER_CLS_EXPLAIN,
     Coalescer,
 )
 from aiayn.serve.jobs import QueueFullError
@@ -81,7 +84,8 @@ def cls_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(cls_dir):
     s = ServerProcess(cls_dir, "--max-sentences", "8", "--max-chars-per-sentence", "200",
-                      "--max-chars-per-request", "600", "--window-ms", "50")  # fmt: skip
+                      "--max-chars-per-request", "600", "--window-ms", "50",
+                      "--max-trace-numbers", "1000")  # fmt: skip
     yield s
     code, _, err = s.stop()
     assert code == 0 and "Traceback" not in err, err[-4000:]
@@ -190,7 +194,8 @@ def test_a_classifier_server_says_what_it_holds(client, classifier):
         assert r.status_code == 404, path
         assert r.json() == {"error": ON_CLASSIFIER_SERVER}
     paths = client.get("/openapi.json").json()["paths"]
-    assert "/v1/classify" in paths and not {"/v1/translate", "/v1/generate"} & set(paths)
+    assert {"/v1/classify", "/v1/explain/classify"} <= set(paths)
+    assert not {"/v1/translate", "/v1/generate", "/v1/explain", "/v1/explain/lm"} & set(paths)
     page = client.get("/")
     if page.headers["content-type"].startswith("text/html"):  # static/classify.html exists
         assert page.status_code == 200
@@ -213,11 +218,11 @@ def lm_dir(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize(("which", "message", "kind"), [
-    ("served_model_dir", ON_TRANSLATOR_SERVER_CLS, "translator"),
-    ("lm_dir", ON_LM_SERVER_CLS, "language_model"),
+@pytest.mark.parametrize(("which", "message", "explain", "kind"), [
+    ("served_model_dir", ON_TRANSLATOR_SERVER_CLS, ON_TRANSLATOR_SERVER_CLS_EXPLAIN, "translator"),
+    ("lm_dir", ON_LM_SERVER_CLS, ON_LM_SERVER_CLS_EXPLAIN, "language_model"),
 ])  # fmt: skip
-def test_other_servers_refuse_classify(request, which, message, kind):
+def test_other_servers_refuse_classify(request, which, message, explain, kind):
     s = ServerProcess(request.getfixturevalue(which))
     try:
         with httpx.Client(base_url=s.url, timeout=60) as c:
@@ -225,10 +230,44 @@ def test_other_servers_refuse_classify(request, which, message, kind):
             assert f'aiayn_model_kind{{kind="{kind}"}} 1.0' in c.get("/metrics").text
             r = c.post("/v1/classify", json={"texts": ["a"]})
             assert r.status_code == 404 and r.json() == {"error": message}
-            assert "/v1/classify" not in c.get("/openapi.json").json()["paths"]
+            r = c.post("/v1/explain/classify", json={"text": "a"})
+            assert r.status_code == 404 and r.json() == {"error": explain}
+            paths = c.get("/openapi.json").json()["paths"]
+            assert not {"/v1/classify", "/v1/explain/classify"} & set(paths)
     finally:
         code, _, err = s.stop()
     assert code == 0 and "Traceback" not in err, err[-4000:]
+
+
+# --- the page's trace ----------------------------------------------------------------------------
+
+
+def test_explain_classify_is_the_pages_trace(client, classifier, one_thread):
+    r = client.post("/v1/explain/classify", json={"text": "the film was great"})
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["format"] == "aiayn.classify_page/1" and d["labels"] == classifier.labels
+    (want,) = classifier.probabilities(["the film was great"]).tolist()
+    assert d["probabilities"] == pytest.approx(want, abs=2e-6)  # rounded to 6 decimals
+    assert d["saliency"]["class"] == d["prediction"]["label"]
+    other = next(label for label in classifier.labels if label != d["prediction"]["label"])
+    r = client.post("/v1/explain/classify", json={"text": "the film was great", "class": other})
+    assert r.status_code == 200 and r.json()["saliency"]["class"] == other
+    assert client.get("/v1/model").json()["traceable"] is True
+
+
+@pytest.mark.parametrize(("body", "status", "message"), [
+    ({"text": " "}, 422, "'text': no text to classify (empty or only spaces)"),
+    ({"text": "a", "class": "nope"}, 422, "'class': Input should be"),
+    ({"text": "a", "class_": "pos"}, 422, "'class_': Extra inputs are not permitted"),
+    ({"q": "a"}, 422, "'text': Field required"),
+    # 1 layer x 2 heads x 24^2 attention weights and the head: over --max-trace-numbers 1000
+    ({"text": TEXTS[3]}, 413, "(--max-trace-numbers)"),
+])  # fmt: skip
+def test_explain_classify_refuses_in_one_line(client, body, status, message):
+    r = client.post("/v1/explain/classify", json=body)
+    assert r.status_code == status, r.text
+    assert message in r.json()["error"] and "\n" not in r.json()["error"]
 
 
 # --- concurrent clients ---------------------------------------------------------------------------
@@ -358,6 +397,9 @@ def test_a_classifiers_onnx_export_is_served_too(cls_dir, classifier, tmp_path, 
             info = c.get("/v1/model").json()
             assert info["engine"].startswith("onnxruntime") and info["parameters"] is None
             assert info["labels"] == classifier.labels and info["examples"]  # its source's
+            assert info["traceable"] is False
+            r = c.post("/v1/explain/classify", json={"text": "okay"})
+            assert r.status_code == 409 and "nothing to trace" in r.json()["error"]
     finally:
         code, _, err = s.stop()
     assert code == 0 and "Traceback" not in err, err[-4000:]

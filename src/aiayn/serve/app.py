@@ -18,6 +18,9 @@ Endpoints (docs/serving.md has examples; /openapi.json describes every body):
                            {"texts": [str], "top_k"} -> {"results": [{"label",
                            "probabilities" | "top"}], "model"}; its page is
                            static/classify.html, when the install has one
+    POST /v1/explain/classify  a classifier's server only: one text traced for the page
+                           (aiayn.glassbox.classify_page: attention, pooled vector,
+                           probabilities, saliency of a class, rollout)
     GET  /v1/explain/seed  the tutorials' worked example: `aiayn explain --seed-example
                            --format json` (no model needed; the page opens it)
     GET  /v1/model         configuration, languages, sizes, limits, example sentences
@@ -65,7 +68,9 @@ from aiayn.generate.generator import Generator
 from aiayn.serve.classify_handler import (
     ON_CLASSIFIER_SERVER,
     ON_LM_SERVER_CLS,
+    ON_LM_SERVER_CLS_EXPLAIN,
     ON_TRANSLATOR_SERVER_CLS,
+    ON_TRANSLATOR_SERVER_CLS_EXPLAIN,
     ClassifyServer,
     V1ClassifyResponse,
     require_json,
@@ -279,6 +284,9 @@ def create_app(
         for path, method in TRANSLATION_ENDPOINTS:
             app.api_route(path, methods=[method], include_in_schema=False)(_elsewhere(ON_LM_SERVER))
         app.post("/v1/classify", include_in_schema=False)(_elsewhere(ON_LM_SERVER_CLS))
+        app.post("/v1/explain/classify", include_in_schema=False)(
+            _elsewhere(ON_LM_SERVER_CLS_EXPLAIN)
+        )
     elif isinstance(server, ClassifyServer):
         app.post(
             "/v1/classify",
@@ -287,6 +295,9 @@ def create_app(
             responses=ERRORS,
             dependencies=[Depends(require_json)],  # (the Guard's list of JSON paths lacks it)
         )(_with_body(server.v1_classify, server.body))
+        app.post("/v1/explain/classify", responses=ERRORS, dependencies=[Depends(require_json)])(
+            _with_body(server.v1_explain_classify, server.explain_body)
+        )
         for path, method in TRANSLATION_ENDPOINTS + LM_ENDPOINTS:
             app.api_route(path, methods=[method], include_in_schema=False)(
                 _elsewhere(ON_CLASSIFIER_SERVER)
@@ -297,6 +308,9 @@ def create_app(
         app.post("/v1/generate", include_in_schema=False)(_elsewhere(ON_TRANSLATOR_SERVER))
         app.post("/v1/explain/lm", include_in_schema=False)(_elsewhere(ON_TRANSLATOR_SERVER_LM))
         app.post("/v1/classify", include_in_schema=False)(_elsewhere(ON_TRANSLATOR_SERVER_CLS))
+        app.post("/v1/explain/classify", include_in_schema=False)(
+            _elsewhere(ON_TRANSLATOR_SERVER_CLS_EXPLAIN)
+        )
 
     app.add_middleware(Guard, server=server)  # type: ignore[arg-type]
     if opts.cors_origins:  # outside the Guard: preflights carry no key

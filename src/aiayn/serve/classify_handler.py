@@ -19,6 +19,10 @@ request at least) into one `Classifier.probabilities` call, which batches the te
 and keeps their order. Requests that arrive while a pass waits for the worker (its --window-ms,
 other work ahead of it) join that pass; those that arrive while it runs join the next, queued
 as it ends. /metrics' `aiayn_batch_requests` shows how many shared a pass.
+
+`POST /v1/explain/classify` is the live page's (static/classify.html): one text traced
+(aiayn.glassbox.classify_page: attention, the pooled vector, probabilities, saliency of a
+class, rollout), run on the model worker as a call of its own, as /v1/explain/lm is.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Request
 from pydantic import BaseModel, Field
@@ -38,6 +42,9 @@ from pydantic import BaseModel, Field
 from aiayn import __version__
 from aiayn.classify.classifier import Classifier
 from aiayn.config_files import read_run_config, to_dict
+from aiayn.errors import AiaynError
+from aiayn.glassbox.classify_page import classify_page_json
+from aiayn.nn.tracing import TraceTooLargeError
 from aiayn.serve.batcher import Batcher
 from aiayn.serve.guard import Metrics, media_type
 from aiayn.serve.handlers import BaseServer, ServeOptions
@@ -57,6 +64,14 @@ ON_LM_SERVER_CLS = (
     "this server holds a language model: POST /v1/generate; "
     "/v1/classify needs a classifier (an EncoderClassifier)"
 )
+ON_TRANSLATOR_SERVER_CLS_EXPLAIN = (
+    "this server holds a translation model: POST /v1/explain traces a sentence; "
+    "/v1/explain/classify needs a classifier (an EncoderClassifier)"
+)
+ON_LM_SERVER_CLS_EXPLAIN = (
+    "this server holds a language model: POST /v1/explain/lm traces a prompt; "
+    "/v1/explain/classify needs a classifier (an EncoderClassifier)"
+)
 
 
 def classify_model(limits: Limits, labels: Sequence[str]) -> type[StrictBody]:
@@ -73,6 +88,25 @@ def classify_model(limits: Limits, labels: Sequence[str]) -> type[StrictBody]:
         api_key: Key = None
 
     return V1ClassifyRequest
+
+
+def explain_classify_model(limits: Limits, labels: Sequence[str]) -> type[StrictBody]:
+    """The body of /v1/explain/classify (the page's): one text, and the class whose logit the
+    saliency explains (default the predicted one)."""
+    Label: Any = Literal[tuple(labels)]
+
+    class V1ExplainClassifyRequest(StrictBody):
+        """One text traced for the live page (aiayn.glassbox.classify_page): what the model
+        read, its attention per layer and head, the pooled vector, the probabilities, the
+        gradient x input saliency of `class`'s logit and the attention rollout."""
+
+        text: _text(limits.max_chars_per_sentence, required=True)
+        class_: Label | None = Field(
+            None, alias="class", description="the label whose logit the saliency explains"
+        )
+        api_key: Key = None
+
+    return V1ExplainClassifyRequest
 
 
 class LabelProbability(BaseModel):
@@ -237,6 +271,7 @@ class ClassifyServer(BaseServer):
         self.model_cfg, self.engine = opened.model_cfg, opened.engine  # engine: None for aiayn's
         self.labels = list(classifier.labels)
         self.body = classify_model(self.limits, self.labels)
+        self.explain_body = explain_classify_model(self.limits, self.labels)
         self.coalescer = Coalescer(
             self.batcher,
             self.forward,
@@ -250,7 +285,7 @@ class ClassifyServer(BaseServer):
         self.batcher.on_batch = self.metrics.batch
         # An export records no training files: its examples are its source model's.
         self.examples = run_examples(self.model_dir) or run_examples(opened.source)
-        self.traceable = False  # POST /v1/explain/classify (set by the app that serves it)
+        self.traceable = self.engine is None  # an export has no torch model to trace
 
     def queued(self) -> int:
         """Requests waiting for the model: for the next pass, or other work (an explanation)."""
@@ -271,6 +306,36 @@ class ClassifyServer(BaseServer):
         check_sizes(texts, self.limits)  # the request's characters in all
         rows = await self.run(request, lambda: self.coalescer.submit(texts))
         return {"results": [self.result(p, body.top_k) for p in rows], "model": self.name}
+
+    async def v1_explain_classify(self, request: Request, body: Any) -> dict[str, Any]:
+        """The live page's JSON (aiayn.glassbox.classify_page), computed on the model worker.
+        A trace over --max-trace-numbers is 413 and a bad value 422, as /v1/explain answers:
+        they come back as values, so the worker does not log them as its own failures."""
+        if not self.traceable:
+            raise ApiError(
+                409,
+                f"this server runs a {self.engine} export, which has nothing to trace: serve "
+                "the aiayn model directory it was exported from to see inside it",
+            )
+
+        def work() -> dict[str, Any] | Exception:
+            try:
+                return classify_page_json(
+                    self.classifier,
+                    body.text,
+                    body.class_,
+                    max_numel=self.limits.max_trace_numbers,
+                )
+            except TraceTooLargeError as e:
+                return ApiError(413, f"{e} (--max-trace-numbers)")
+            except AiaynError as e:
+                return ApiError(422, str(e))
+
+        timeout = self.limits.timeout_s
+        found = await self.run(request, lambda: self.batcher.call(work, timeout))
+        if isinstance(found, Exception):
+            raise found
+        return found
 
     def result(self, probs: list[float], top_k: int | None) -> dict[str, Any]:
         """One text's answer: its best label, and every label's probability or the top k."""
