@@ -15,12 +15,14 @@ MAX_WINDOW_MS = 10_000  # a longer wait to gather requests only delays every one
 def add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
-        help="an HTTP translation (LibreTranslate-compatible) or language model server, and "
-        "the live glass box page",
+        help="an HTTP translation (LibreTranslate-compatible), language model or classifier "
+        "server, and the live glass box page",
         description="Serve a model directory over HTTP: GET / is the glass box page, POST "
         "/translate speaks LibreTranslate's API, /v1/translate and /v1/explain are aiayn's own, "
         "/metrics is Prometheus. A language model's directory (a DecoderLM) is served instead "
-        "at POST /v1/generate and /v1/explain/lm, its page showing the next-token distribution. "
+        "at POST /v1/generate and /v1/explain/lm, its page showing the next-token distribution; "
+        "a classifier's (an EncoderClassifier, or its ONNX export) at POST /v1/classify and "
+        "/v1/explain/classify. "
         "Needs the serve extra: pip install -e '.[serve]'.",
     )
     p.add_argument(
