@@ -1,9 +1,13 @@
 """The classifier's live page: the JSON it draws (`classify_page_json`) holds the traced maps,
 the classifier's probabilities, the chosen class's saliency and the rollout, within bounds; the
-page itself (static/classify.html) is one file that asks nothing of the network but its route."""
+page itself (static/classify.html) is one file that asks nothing of the network but its route,
+and on a real `aiayn serve` in headless Chromium (skipped where Chromium is absent) it draws
+the route's numbers and asks again for another class's saliency."""
 
+import base64
 import json
 import re
+import time
 from importlib import resources
 
 import numpy as np
@@ -19,6 +23,7 @@ from aiayn.glassbox.explain_cls import explain_classifier
 from aiayn.nn.encoder_only import EncoderClassifier
 from aiayn.nn.tracing import TraceTooLargeError
 from aiayn.runtime.device import choose_precision
+from aiayn.store.model_dir import save_model_dir
 from aiayn.text.charset import CharTokenizer
 
 TEXT = "a gripping film with a dull plot, the best and the worst of it"
@@ -92,3 +97,88 @@ def test_the_page_is_one_file_without_the_network():
     assert not re.search(r"<script[^>]*\bsrc=|<link(?![^>]*data:)|<img|https?://(?!www\.w3)", page)
     assert page.count("fetch(") == 1  # in api(), whose one caller asks the page's route
     assert re.findall(r"""\bapi\("([^"]+)""", page) == ["/v1/explain/classify"]
+
+
+# --- the page on a real server (`aiayn serve --model CLS`, GET /), in headless Chromium --------
+
+
+@pytest.fixture(scope="module")
+def served(classifier, tmp_path_factory):
+    """`aiayn serve` of the module's classifier, saved: its page and POST /v1/explain/classify."""
+    pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install .[serve])")
+    from serving import ServerProcess
+
+    out = tmp_path_factory.mktemp("classify_page")
+    save_model_dir(classifier.model, out)
+    classifier.tok.save(out)
+    server = ServerProcess(out)
+    yield server
+    code, _, err = server.stop()
+    assert code == 0 and "Traceback" not in err, err[-4000:]
+
+
+CELLS = ("JSON.stringify([...document.querySelectorAll('#cells rect')]"
+         ".map(r => [+r.dataset.i, +r.dataset.j, +r.dataset.w]))")  # fmt: skip
+
+
+def wait_js(chromium, expression: str, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := chromium.js(expression):
+            return value
+        time.sleep(0.05)
+    raise TimeoutError(expression)
+
+
+def shown(chromium, selector: str) -> list[float]:
+    """The numbers the page put on the elements `selector` finds (their data-v)."""
+    return json.loads(chromium.js(
+        f"JSON.stringify([...document.querySelectorAll('{selector}')].map(e => +e.dataset.v))"))
+
+
+def test_the_page_in_headless_chromium(chromium, served, classifier, tmp_path):
+    for domain in ("Runtime", "Log", "Page", "Network"):
+        chromium.send(f"{domain}.enable")
+    chromium.send("Page.navigate", url=served.url + "/")
+    chromium.wait_for("Page.loadEventFired")
+    text = "the best film"
+    chromium.js(f"(() => {{ const e = document.getElementById('text'); e.value = "
+                f"{json.dumps(text)}; e.dispatchEvent(new Event('input')); }})()")  # fmt: skip
+    wait_js(chromium, "page !== null && document.querySelectorAll('#cells rect').length > 0")
+    want = classify_page_json(classifier, text)
+    T = len(want["pieces"])
+    # the attention of layer 0, head 1: every query over every key, the route's weights
+    assert chromium.js("document.getElementById('layer').options.length") == 2
+    assert chromium.js("document.getElementById('head').options.length") == 5  # mean + 4
+    assert chromium.js("document.querySelectorAll('#cells rect').length") == T * T
+    cells = json.loads(chromium.js(CELLS))
+    w = want["attention"]["w"][0][0]
+    assert [v for _, _, v in cells] == pytest.approx([w[i][j] for i, j, _ in cells], abs=1e-4)
+    # the classes, most probable first; the tokens shaded by saliency and rollout; the vectors
+    labels = json.loads(chromium.js("JSON.stringify([...document.querySelectorAll("
+                                    "'#classes > div')].map(d => d.dataset.label))"))  # fmt: skip
+    assert labels == sorted(LABELS, key=lambda x: -want["probabilities"][LABELS.index(x)])
+    assert shown(chromium, "#saliency span") == pytest.approx(want["saliency"]["values"], abs=1e-5)
+    assert shown(chromium, "#rollout span") == pytest.approx(want["rollout"]["per_token"], abs=1e-4)
+    assert shown(chromium, "#vec-pooled rect") == pytest.approx(want["pooled"], abs=1e-4)
+    assert len(shown(chromium, "#vec-pooler rect")) == 32
+    # another class: the page asks again, and the saliency is of that class's logit
+    other = LABELS[1 - want["prediction"]["index"]]
+    chromium.js(f"document.querySelector('#classes > div[data-label=\"{other}\"]').click()")
+    wait_js(chromium, f"page.saliency.class === {json.dumps(other)}")
+    again = classify_page_json(classifier, text, class_label=other)
+    assert shown(chromium, "#saliency span") == pytest.approx(again["saliency"]["values"], abs=1e-5)
+    assert chromium.js("document.getElementById('class').value") == other
+    assert chromium.js("document.querySelector('#classes .target').dataset.label") == other
+    # the mean of the heads
+    chromium.js("(() => { const s = document.getElementById('head'); s.value = 'mean';"
+                " s.dispatchEvent(new Event('change')); })()")  # fmt: skip
+    mean = np.mean(want["attention"]["w"][0], axis=0)
+    cells = json.loads(chromium.js(CELLS))
+    assert [v for _, _, v in cells] == pytest.approx([mean[i][j] for i, j, _ in cells], abs=1e-4)
+    shot = base64.b64decode(chromium.send("Page.captureScreenshot", format="png")["data"])
+    (tmp_path / "classify_page.png").write_bytes(shot)
+    assert shot.startswith(b"\x89PNG") and chromium.errors() == []
+    urls = [e["params"]["request"]["url"] for e in chromium.events
+            if e.get("method") == "Network.requestWillBeSent"]  # fmt: skip
+    assert urls and all(u.startswith((served.url, "data:", "blob:")) for u in urls), urls
