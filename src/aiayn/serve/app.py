@@ -54,7 +54,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -73,7 +73,6 @@ from aiayn.serve.classify_handler import (
     ON_TRANSLATOR_SERVER_CLS_EXPLAIN,
     ClassifyServer,
     V1ClassifyResponse,
-    require_json,
 )
 from aiayn.serve.generate_handler import (
     ON_LM_SERVER,
@@ -293,9 +292,8 @@ def create_app(
             response_model=V1ClassifyResponse,
             response_model_exclude_none=True,
             responses=ERRORS,
-            dependencies=[Depends(require_json)],  # (the Guard's list of JSON paths lacks it)
         )(_with_body(server.v1_classify, server.body))
-        app.post("/v1/explain/classify", responses=ERRORS, dependencies=[Depends(require_json)])(
+        app.post("/v1/explain/classify", responses=ERRORS)(
             _with_body(server.v1_explain_classify, server.explain_body)
         )
         for path, method in TRANSLATION_ENDPOINTS + LM_ENDPOINTS:

@@ -46,7 +46,7 @@ from aiayn.errors import AiaynError
 from aiayn.glassbox.classify_page import classify_page_json
 from aiayn.nn.tracing import TraceTooLargeError
 from aiayn.serve.batcher import Batcher
-from aiayn.serve.guard import Metrics, media_type
+from aiayn.serve.guard import Metrics
 from aiayn.serve.handlers import BaseServer, ServeOptions
 from aiayn.serve.jobs import BatchStats, ClosedError, Job, QueueFullError, drop, settle
 from aiayn.serve.requests import ApiError, Key, Limits, StrictBody, _int, _text, check_sizes
@@ -127,17 +127,6 @@ class ClassifyResult(BaseModel):
 class V1ClassifyResponse(BaseModel):
     results: list[ClassifyResult] = Field(description="one per text, in the request's order")
     model: str = Field(description="the model directory's name")
-
-
-def require_json(request: Request) -> None:
-    """415 unless the body is JSON (a dependency: it runs before the body is validated)."""
-    media = media_type(request.headers.get("content-type", ""))
-    if media != "application/json":
-        raise ApiError(
-            415,
-            "send the body as JSON (Content-Type: application/json), not "
-            f"{media or 'no content type'}",
-        )
 
 
 class Coalescer:

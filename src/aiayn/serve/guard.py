@@ -68,6 +68,8 @@ PATHS = (
     "/v1/explain/seed",
     "/v1/explain/lm",
     "/v1/generate",
+    "/v1/classify",
+    "/v1/explain/classify",
     "/v1/model",
     "/health",
     "/metrics",
@@ -212,7 +214,14 @@ SAFE_HEADERS = [
     (b"referrer-policy", b"no-referrer"),
 ]
 
-JSON_ONLY = ("/v1/translate", "/v1/explain", "/v1/explain/lm", "/v1/generate")
+JSON_ONLY = (
+    "/v1/translate",
+    "/v1/explain",
+    "/v1/explain/lm",
+    "/v1/generate",
+    "/v1/classify",
+    "/v1/explain/classify",
+)
 JSON_OR_FORM = ("/translate", "/detect")  # LibreTranslate's clients send forms too
 NO_KEY = ("/health",)
 
