@@ -212,6 +212,7 @@ def test_cli_explain_a_classifier(cls_dir, capsys):
     ([], "a classifier explains a text: give --text TEXT"),
     (["--text", SENTENCE, "--layers", "5"], "layer 5 does not exist"),
     (["--text", SENTENCE, "--max-trace-numbers", "100"], "more than 100 numbers"),
+    (["--text", SENTENCE, "--steps", "0", "--top-k", "3"], "--steps, --top-k set a search's"),
 ])  # fmt: skip
 def test_cli_bad_input_is_one_line(cls_dir, capsys, flags, message):
     assert main(["explain", "--model", str(cls_dir), *flags]) == 2

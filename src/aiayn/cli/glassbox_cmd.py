@@ -261,6 +261,19 @@ def _explain_cls(args: argparse.Namespace) -> str:
         raise AiaynError("--prompt is for a language model; a classifier takes --text TEXT")
     if args.beam:
         raise AiaynError("--beam traces a translator's beam search; a classifier has none")
+    searching = {
+        "--steps": args.steps is not None,
+        "--sample": bool(getattr(args, "sample", False)),
+        "--max-len": args.max_len is not None,
+        "--min-len": args.min_len is not None,
+        "--top-k": args.top_k != 5,  # its default
+    }
+    given = [flag for flag, on in searching.items() if on]
+    if given:
+        raise AiaynError(
+            f"{', '.join(given)} set a search's steps; a classifier has none (it shows every "
+            "class's probability)"
+        )
     if args.format == "html":
         raise AiaynError(
             "a classifier's explanation prints as text or json (`aiayn serve` draws it live)"

@@ -17,6 +17,7 @@ The numbers are computed in fp32 wherever the model runs (no autocast), from the
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 from collections.abc import Callable
@@ -106,9 +107,9 @@ class ClassifierExplanation:
         return None if e is None else e.value
 
     def _repr_html_(self) -> str:  # a notebook cell draws the decision and the attributions
-        from aiayn.glassbox.render_cls import cls_to_html
-
-        return cls_to_html(self)
+        # by name: render_cls imports this module (no import cycle)
+        render = importlib.import_module("aiayn.glassbox.render_cls")
+        return render.cls_to_html(self)  # type: ignore[no-any-return]
 
     def attention(self) -> list[Tensor]:
         """Per layer, the (H, T, T) self-attention weights."""
