@@ -46,7 +46,7 @@ DESCRIPTIONS: dict[str, str] = {
     "norm1": "LayerNorm(x + Sublayer(x)) after sub-layer 1",
     "norm2": "LayerNorm(x + Sublayer(x)) after sub-layer 2",
     "norm3": "LayerNorm(x + Sublayer(x)) after sub-layer 3",
-    "ffn.hidden": "max(0, x W_1 + b_1): FFN hidden layer after ReLU (§3.3)",
+    "ffn.hidden": "act(x W_1 + b_1): FFN hidden layer after its activation (§3.3: ReLU)",
     "ffn.output": "hidden W_2 + b_2: FFN output",
     "logits": "decoder output x the (tied) embedding matrix: pre-softmax scores (§3.4)",
     "probs": "softmax(logits): the next-token distribution",
