@@ -112,7 +112,7 @@ def test_tutorial_notebooks_run_in_order(tmp_path, monkeypatch):
     # threads wait on each other at every operation (the training cell took over 120 s so).
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     # Two kernels at a time, about equally long: 06, 07, 08 in order, then 09 (150 training
-    # steps, ~10 s); beside them 01-05 and 10 (a masked LM and four classifiers, ~30 s).
+    # steps, ~10 s); beside them 01-05 and 10 (a masked LM and four classifiers, ~40 s).
     after_06 = [*READS_06, "09_your_own_gpt"]
     alone = [n for n in names if n not in after_06 and has_data(n)]  # the others: test below
 
