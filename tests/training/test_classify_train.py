@@ -233,3 +233,11 @@ def test_a_file_with_one_label_is_refused(tmp_path):
     one = write_tsv(tmp_path / "one.tsv", [("pos", "good film")] * 20)
     with pytest.raises(DataError, match="every example has the label 'pos'"):
         train(encoder_cfg(tmp_path, "classify", data=one), progress=False)
+
+
+def test_a_random_replacement_is_never_a_special_token():
+    tok = Tokenizer.train([t for _, t in sentences(300, 6)], 300, mask=True)
+    ids_BT = torch.randint(5, tok.vocab_size, (256, 64))
+    inputs, where, _ = mask_tokens(ids_BT, tok, 0.5, torch.Generator().manual_seed(1))
+    special = torch.tensor([tok.pad_id, tok.bos_id, tok.eos_id])
+    assert not torch.isin(inputs, special).any()

@@ -48,6 +48,11 @@ def mask_tokens(
         where_BT.view(-1)[int(real_BT.view(-1).nonzero()[0])] = True
     roll_BT = torch.rand(ids_BT.shape, generator=gen)
     random_BT = torch.randint(0, tok.vocab_size, ids_BT.shape, generator=gen)
+    # a drawn special id (a PAD mid-sentence would read as padding) keeps the token instead
+    special_BT = torch.isin(
+        random_BT, torch.tensor([tok.pad_id, tok.bos_id, tok.eos_id, tok.mask_id])
+    )
+    random_BT = torch.where(special_BT, ids_BT, random_BT)
     inputs_BT = ids_BT.clone()
     inputs_BT[where_BT & (roll_BT < 0.8)] = tok.mask_id
     swap_BT = where_BT & (roll_BT >= 0.8) & (roll_BT < 0.9)
