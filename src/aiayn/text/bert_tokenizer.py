@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aiayn.atomic import atomic_write_bytes, read_json_object
+from aiayn.atomic import read_json_object
 from aiayn.errors import AiaynError, CheckpointError
 
 try:  # a dependency of transformers, and of aiayn's `test` extra; not of aiayn itself
@@ -35,7 +35,8 @@ except ImportError:  # pragma: no cover
     raise AiaynError(
         "BERT's tokenizer needs Hugging Face's `tokenizers` library: pip install tokenizers"
     ) from None
-from aiayn.text.tokenizer import HF_TOKENIZER_FILE, Side, Tokenizer
+from aiayn.text.hf_tokenizer import HFTokenizer, LibTokenizer
+from aiayn.text.tokenizer import Tokenizer
 
 # aiayn's role -> BERT's token; every BERT checkpoint Google and Hugging Face publish names
 # them so (a tokenizer_config.json naming others is refused at import)
@@ -52,7 +53,7 @@ CONFIG_KEYS = {
 }
 
 
-class BertTokenizer(Tokenizer):
+class BertTokenizer(LibTokenizer):
     """A `tokenizers` WordPiece with BERT's special tokens as aiayn's: [CLS] = BOS, [SEP] = EOS,
     [PAD] = PAD, [MASK] = `mask_id`. Padding and truncation set in the file are switched off:
     aiayn pads and cuts (`classifier_ids`)."""
@@ -107,23 +108,7 @@ class BertTokenizer(Tokenizer):
         """From a `tokenizers` JSON file holding a WordPiece model."""
         return cls(_from_json(_read_text(path), path))
 
-    def save(self, directory: str | Path) -> Path:
-        path = Path(directory) / HF_TOKENIZER_FILE
-        atomic_write_bytes(path, self.tok.to_str().encode("utf-8"))
-        return path
-
     # --- use -----------------------------------------------------------------------------------
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tok.get_vocab_size(with_added_tokens=True)
-
-    def encode_batch(
-        self, texts: Sequence[str], *, bos: bool = False, eos: bool = True, side: Side = "source"
-    ) -> list[list[int]]:
-        pre, post = [self.bos_id] if bos else [], [self.eos_id] if eos else []
-        encoded = self.tok.encode_batch(list(texts), add_special_tokens=False)
-        return [pre + e.ids + post for e in encoded]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids` up to the first [SEP], [CLS] and [PAD] skipped, "##" pieces joined (an
@@ -186,6 +171,4 @@ def load_tokenizers_file(path: Path) -> Tokenizer:
     text = _read_text(path)
     if model_type(text, path) == "WordPiece":
         return BertTokenizer(_from_json(text, path))
-    from aiayn.text.hf_tokenizer import HFTokenizer  # (it imports nothing of this module)
-
     return HFTokenizer.load_file(path)

@@ -36,7 +36,31 @@ END_OF_TEXT = "<|endoftext|>"  # GPT-2's one special token: BOS, EOS and PAD her
 HF_JSON, HF_VOCAB, HF_MERGES = "tokenizer.json", "vocab.json", "merges.txt"
 
 
-class HFTokenizer(Tokenizer):
+class LibTokenizer(Tokenizer):
+    """What every vocabulary of Hugging Face's `tokenizers` library shares here: one JSON file
+    (`hf_tokenizer.json`), its size, and encoding without the library's own special tokens
+    (aiayn adds BOS and EOS where it asks for them)."""
+
+    tok: HFLibTokenizer
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / HF_TOKENIZER_FILE
+        atomic_write_bytes(path, self.tok.to_str().encode("utf-8"))
+        return path
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    def encode_batch(
+        self, texts: Sequence[str], *, bos: bool = False, eos: bool = True, side: Side = "source"
+    ) -> list[list[int]]:
+        pre, post = [self.bos_id] if bos else [], [self.eos_id] if eos else []
+        encoded = self.tok.encode_batch(list(texts), add_special_tokens=False)
+        return [pre + e.ids + post for e in encoded]
+
+
+class HFTokenizer(LibTokenizer):
     """A `tokenizers` byte-level BPE with GPT-2's special-token layout: "<|endoftext|>" is BOS,
     EOS and PAD. `encode` adds only what aiayn asks for (`bos`, `eos`), never the library's own
     post-processing; a literal "<|endoftext|>" in a text is that token, as in Hugging Face's
@@ -92,23 +116,7 @@ class HFTokenizer(Tokenizer):
             raise CheckpointError(f"{path} is not a tokenizers JSON file ({e})") from None
         return cls(tok)
 
-    def save(self, directory: str | Path) -> Path:
-        path = Path(directory) / HF_TOKENIZER_FILE
-        atomic_write_bytes(path, self.tok.to_str().encode("utf-8"))
-        return path
-
     # --- use -----------------------------------------------------------------------------------
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tok.get_vocab_size(with_added_tokens=True)
-
-    def encode_batch(
-        self, texts: Sequence[str], *, bos: bool = False, eos: bool = True, side: Side = "source"
-    ) -> list[list[int]]:
-        pre, post = [self.bos_id] if bos else [], [self.eos_id] if eos else []
-        encoded = self.tok.encode_batch(list(texts), add_special_tokens=False)
-        return [pre + e.ids + post for e in encoded]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`, the leading "<|endoftext|>"s (BOS) skipped, up to the next (EOS)."""
