@@ -210,25 +210,30 @@ def run_data_check(args: argparse.Namespace) -> int:
     return 0
 
 
+# A parallel corpus's flags, which the checks of a text or of labelled texts refuse.
+PARALLEL_FLAGS = (
+    "--src",
+    "--tgt",
+    "--valid-src",
+    "--valid-tgt",
+    "--test-src",
+    "--test-tgt",
+    "--write",
+)
+
+
+def _given(args: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:
+    """Which of `flags` the command line set."""
+    return [f for f in flags if getattr(args, f[2:].replace("-", "_")) is not None]
+
+
 def run_text_check(args: argparse.Namespace) -> int:
     """`aiayn data check --text FILE [--valid-text FILE]`: a language model's text."""
     from aiayn.text.text_check import check_text_corpus
 
     if args.text is None:
         raise AiaynError("--valid-text needs --text, the training text it is checked against")
-    parallel = [
-        flag
-        for flag, value in (
-            ("--src", args.src),
-            ("--tgt", args.tgt),
-            ("--valid-src", args.valid_src),
-            ("--valid-tgt", args.valid_tgt),
-            ("--test-src", args.test_src),
-            ("--test-tgt", args.test_tgt),
-            ("--write", args.write),
-        )
-        if value is not None
-    ]
+    parallel = _given(args, PARALLEL_FLAGS)
     if parallel:
         raise AiaynError(
             f"--text checks a language model's text: {', '.join(parallel)} is for a parallel corpus"
@@ -282,21 +287,7 @@ def run_labelled_check(args: argparse.Namespace) -> int:
 
     if args.data is None:
         raise AiaynError("--valid-data and --test-data need --data, the training texts")
-    others = [
-        flag
-        for flag, value in (
-            ("--src", args.src),
-            ("--tgt", args.tgt),
-            ("--text", args.text),
-            ("--valid-text", args.valid_text),
-            ("--valid-src", args.valid_src),
-            ("--valid-tgt", args.valid_tgt),
-            ("--test-src", args.test_src),
-            ("--test-tgt", args.test_tgt),
-            ("--write", args.write),
-        )
-        if value is not None
-    ]
+    others = _given(args, ("--text", "--valid-text", *PARALLEL_FLAGS))
     if others:
         raise AiaynError(f"--data checks a classifier's labelled texts: leave out {others[0]}")
     columns = (args.label_column, args.text_column)
