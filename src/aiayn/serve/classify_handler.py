@@ -42,9 +42,7 @@ from pydantic import BaseModel, Field
 from aiayn import __version__
 from aiayn.classify.classifier import Classifier
 from aiayn.config_files import read_run_config, to_dict
-from aiayn.errors import AiaynError
 from aiayn.glassbox.classify_page import classify_page_json
-from aiayn.nn.tracing import TraceTooLargeError
 from aiayn.serve.batcher import Batcher
 from aiayn.serve.guard import Metrics
 from aiayn.serve.handlers import BaseServer, ServeOptions
@@ -297,34 +295,20 @@ class ClassifyServer(BaseServer):
         return {"results": [self.result(p, body.top_k) for p in rows], "model": self.name}
 
     async def v1_explain_classify(self, request: Request, body: Any) -> dict[str, Any]:
-        """The live page's JSON (aiayn.glassbox.classify_page), computed on the model worker.
-        A trace over --max-trace-numbers is 413 and a bad value 422, as /v1/explain answers:
-        they come back as values, so the worker does not log them as its own failures."""
+        """The live page's JSON (aiayn.glassbox.classify_page), computed on the model worker
+        (`traced`: an unknown class 422, a trace over --max-trace-numbers 413)."""
         if not self.traceable:
             raise ApiError(
                 409,
                 f"this server runs a {self.engine} export, which has nothing to trace: serve "
                 "the aiayn model directory it was exported from to see inside it",
             )
-
-        def work() -> dict[str, Any] | Exception:
-            try:
-                return classify_page_json(
-                    self.classifier,
-                    body.text,
-                    body.class_,
-                    max_numel=self.limits.max_trace_numbers,
-                )
-            except TraceTooLargeError as e:
-                return ApiError(413, f"{e} (--max-trace-numbers)")
-            except AiaynError as e:
-                return ApiError(422, str(e))
-
-        timeout = self.limits.timeout_s
-        found = await self.run(request, lambda: self.batcher.call(work, timeout))
-        if isinstance(found, Exception):
-            raise found
-        return found
+        return await self.traced(
+            request,
+            lambda: classify_page_json(
+                self.classifier, body.text, body.class_, max_numel=self.limits.max_trace_numbers
+            ),
+        )
 
     def result(self, probs: list[float], top_k: int | None) -> dict[str, Any]:
         """One text's answer: its best label, and every label's probability or the top k."""

@@ -49,7 +49,6 @@ from aiayn.config_files import to_dict
 from aiayn.errors import AiaynError
 from aiayn.generate.generator import Generation, Generator
 from aiayn.glassbox.lm_page import lm_page_data
-from aiayn.nn.tracing import TraceTooLargeError
 from aiayn.nn.variants import DecoderLM
 from aiayn.serve.handlers import BaseServer, ServeOptions
 from aiayn.serve.jobs import BatchStats, ClosedError, QueueFullError
@@ -211,39 +210,28 @@ class LMServer(BaseServer):
         return self.reply(found, cfg)
 
     async def v1_explain_lm(self, request: Request, body: Any) -> dict[str, Any]:
-        """The live page's JSON (aiayn.glassbox.lm_page), computed on the model worker. A bad
-        setting is 422 and a trace over --max-trace-numbers 413, as /v1/explain answers: they
-        come back as values, so the worker does not log them as its own failures."""
+        """The live page's JSON (aiayn.glassbox.lm_page), computed on the model worker
+        (`traced`: a bad setting 422, a trace over --max-trace-numbers 413)."""
         g = self.generator
         model = g.model
         assert isinstance(model, DecoderLM)  # the server loads aiayn's own (launch.py)
-
-        def work() -> dict[str, Any] | Exception:
-            try:
-                return lm_page_data(
-                    model,
-                    g.tokenizer,
-                    body.q,
-                    temperature=body.temperature,
-                    top_k=body.top_k,
-                    top_p=body.top_p,
-                    show=body.show,
-                    tensors=body.tensors,
-                    layers=body.layers,
-                    heads=body.heads,
-                    precision=body.precision,
-                    max_numel=self.limits.max_trace_numbers,
-                )
-            except TraceTooLargeError as e:
-                return ApiError(413, f"{e} (--max-trace-numbers)")
-            except AiaynError as e:
-                return ApiError(422, str(e))
-
-        timeout = self.limits.timeout_s
-        found = await self.run(request, lambda: self.batcher.call(work, timeout))
-        if isinstance(found, Exception):
-            raise found
-        return found
+        return await self.traced(
+            request,
+            lambda: lm_page_data(
+                model,
+                g.tokenizer,
+                body.q,
+                temperature=body.temperature,
+                top_k=body.top_k,
+                top_p=body.top_p,
+                show=body.show,
+                tensors=body.tensors,
+                layers=body.layers,
+                heads=body.heads,
+                precision=body.precision,
+                max_numel=self.limits.max_trace_numbers,
+            ),
+        )
 
     def reply(self, found: list[list[Generation]], cfg: DecodeConfig) -> dict[str, Any]:
         return {

@@ -181,6 +181,25 @@ class BaseServer:
             gone.cancel()
             job.cancel()  # a no-op once answered; else the worker drops what is left
 
+    async def traced(self, request: Request, trace: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """A page's trace (`trace()`, a glass-box function) computed on the model worker. A
+        trace over --max-trace-numbers is 413 and a bad setting 422, as /v1/explain answers:
+        they come back as values, so the worker does not log them as its own failures."""
+
+        def work() -> dict[str, Any] | Exception:
+            try:
+                return trace()
+            except TraceTooLargeError as e:
+                return ApiError(413, f"{e} (--max-trace-numbers)")
+            except AiaynError as e:
+                return ApiError(422, str(e))
+
+        timeout = self.limits.timeout_s
+        found = await self.run(request, lambda: self.batcher.call(work, timeout))
+        if isinstance(found, Exception):
+            raise found
+        return found  # type: ignore[no-any-return]
+
     def _result(self, waiting: asyncio.Future | Future) -> Any:
         try:
             return waiting.result()
