@@ -10,7 +10,8 @@ BertForSequenceClassification of that size (hidden d_model, n_layers, n_heads, i
 d_ff, max_len positions, random weights) with a BertTokenizerFast over a WordPiece vocabulary
 of aiayn's vocabulary's size trained here on the same texts with `tokenizers` (nothing is
 downloaded), run through `pipeline("text-classification", ..., device="cpu")` with
-truncation at max_len, at its default batch size (1) and at `--hf-batch` (32).
+truncation at max_len, at its default batch size (1; timed on the first `--bs1-n` = 2,000
+texts, its rate being per text) and at `--hf-batch` (32).
 
 Measured for each thread count (torch.set_num_threads; OMP_NUM_THREADS for the CLI), every
 side `--repeats` times, interleaved, after one warm-up call; best and median sentences/s:
@@ -210,6 +211,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each side")
     ap.add_argument("--hf-batch", type=int, default=32, help="the pipeline's batched size")
     ap.add_argument("--skip-bs1", action="store_true", help="leave out the batch-1 pipeline")
+    ap.add_argument("--bs1-n", type=int, default=2000, help="texts the batch-1 pipeline gets")
     ap.add_argument("--no-cli", action="store_true", help="leave out `aiayn classify`")
     ap.add_argument("--profile", action="store_true", help="cProfile one aiayn call")
     ap.add_argument("--tiny", action="store_true", help="a 32-wide model (tests)")
@@ -251,6 +253,10 @@ def main() -> None:
         "max_len": max_len,
     }
     hf_sizes = [args.hf_batch] if args.skip_bs1 else [1, args.hf_batch]
+    # The batch-1 pipeline is timed on the first --bs1-n texts (its rate hardly depends on
+    # how many: one text a call), so that a sweep fits in minutes.
+    sample = {bs: texts[: args.bs1_n] if bs == 1 else texts for bs in hf_sizes}
+    report["hf_bs1_texts"] = len(sample.get(1, []))
     cpus = sorted(os.sched_getaffinity(0))
     for threads in [int(t) for t in args.threads.split(",") if t]:
         torch.set_num_threads(threads)
@@ -269,16 +275,16 @@ def main() -> None:
             times["aiayn_inprocess"].append(timed(lambda: clf.classify(texts)))
             for bs in hf_sizes:
                 times[f"hf_pipeline_bs{bs}"].append(timed(
-                    lambda bs=bs: pipe(texts, batch_size=bs, truncation=True,
+                    lambda bs=bs: pipe(sample[bs], batch_size=bs, truncation=True,
                                        max_length=max_len)))  # fmt: skip
             if not args.no_cli:
                 times["aiayn_cli"].append(cli_seconds(model_dir, inp, out / "labels.txt", threads))
                 times["aiayn_cli_8_lines"].append(
                     cli_seconds(model_dir, short, out / "labels8.txt", threads)
                 )
+        counts = {"aiayn_cli_8_lines": 8, "hf_pipeline_bs1": len(sample.get(1, []))}
         got: dict[str, Any] = {
-            name: rate(8 if name.endswith("8_lines") else len(texts), s)
-            for name, s in times.items()
+            name: rate(counts.get(name, len(texts)), s) for name, s in times.items()
         }
         peer = max(got[f"hf_pipeline_bs{bs}"]["best_per_s"] for bs in hf_sizes)
         got["ratio_inprocess_vs_best_pipeline"] = round(
@@ -288,7 +294,7 @@ def main() -> None:
             got["ratio_cli_vs_best_pipeline"] = round(got["aiayn_cli"]["best_per_s"] / peer, 2)
         got["where_the_time_goes"] = {
             "aiayn": breakdown_aiayn(clf, texts),
-            **{f"hf_bs{bs}": breakdown_hf(pipe, tok, texts, max_len, bs) for bs in hf_sizes},
+            **{f"hf_bs{bs}": breakdown_hf(pipe, tok, sample[bs], max_len, bs) for bs in hf_sizes},
         }
         if args.profile:
             prof = cProfile.Profile()
