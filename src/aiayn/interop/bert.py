@@ -31,14 +31,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.atomic import atomic_dir, atomic_write_json, check_new_dir
+from aiayn.atomic import check_new_dir
 from aiayn.config import ModelConfig
-from aiayn.config_files import RUN_CONFIG_FILE, to_dict
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.interop.gpt2 import _int
-from aiayn.interop.marian import WEIGHTS, _read_json, _take, read_weights
+from aiayn.interop.marian import WEIGHTS, _read_json, _take, read_weights, write_imported
 from aiayn.nn.encoder_only import EncoderClassifier
-from aiayn.store.model_dir import check_state_dict, save_model_dir
+from aiayn.store.model_dir import check_state_dict
 from aiayn.text.bert_tokenizer import BertTokenizer
 
 log = logging.getLogger(__name__)
@@ -284,13 +283,5 @@ def import_bert(hf_dir: str | Path, out: str | Path) -> ImportedClassifier:
     model = EncoderClassifier(cfg, len(labels), labels)
     check_state_dict(model, state, str(hf_dir / WEIGHTS))
     model.load_state_dict(state)
-    run_config = {
-        "model": to_dict(cfg),
-        "imported": {"from": "bert", "directory": hf_dir.resolve().name},
-    }
-    with atomic_dir(out) as tmp:
-        save_model_dir(model, tmp)
-        if tok is not None:
-            tok.save(tmp)
-        atomic_write_json(tmp / RUN_CONFIG_FILE, run_config)
+    write_imported(out, model, tok, "bert", hf_dir)
     return ImportedClassifier(out, cfg, labels, tok is not None)

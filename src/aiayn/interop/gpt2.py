@@ -30,13 +30,12 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from aiayn.atomic import atomic_dir, atomic_write_json, check_new_dir
+from aiayn.atomic import check_new_dir
 from aiayn.config import ModelConfig
-from aiayn.config_files import RUN_CONFIG_FILE, to_dict
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.interop.marian import WEIGHTS, _read_json, _take, read_weights
+from aiayn.interop.marian import WEIGHTS, _read_json, _take, read_weights, write_imported
 from aiayn.nn.variants import DecoderLM
-from aiayn.store.model_dir import check_state_dict, save_model_dir
+from aiayn.store.model_dir import check_state_dict
 from aiayn.text.hf_tokenizer import HFTokenizer
 
 log = logging.getLogger(__name__)
@@ -239,13 +238,5 @@ def import_gpt2(hf_dir: str | Path, out: str | Path) -> ImportedLM:
     model = DecoderLM(cfg)
     check_state_dict(model, state, str(hf_dir / WEIGHTS))
     model.load_state_dict(state, strict=False)  # the tied output layer is filled through wte
-    run_config = {
-        "model": to_dict(cfg),
-        "imported": {"from": "gpt2", "directory": hf_dir.resolve().name},
-    }
-    with atomic_dir(out) as tmp:
-        save_model_dir(model, tmp)
-        if tok is not None:
-            tok.save(tmp)
-        atomic_write_json(tmp / RUN_CONFIG_FILE, run_config)
+    write_imported(out, model, tok, "gpt2", hf_dir)
     return ImportedLM(out, cfg, tok is not None)

@@ -34,9 +34,9 @@ from aiayn.config import MAX_ALPHA, DecodeConfig, ModelConfig
 from aiayn.config_files import RUN_CONFIG_FILE, to_dict
 from aiayn.errors import CheckpointError
 from aiayn.nn.embeddings import sinusoidal_positions
-from aiayn.nn.model import Transformer
+from aiayn.nn.model import Transformer, _ModelBase
 from aiayn.store.model_dir import check_position_table, check_state_dict, save_model_dir
-from aiayn.text.tokenizer import MARIAN_FILES, MarianTokenizer, check_marian_vocab
+from aiayn.text.tokenizer import MARIAN_FILES, MarianTokenizer, Tokenizer, check_marian_vocab
 
 log = logging.getLogger(__name__)
 
@@ -405,18 +405,30 @@ def import_marian(hf_dir: str | Path, out: str | Path) -> Imported:
         log.warning("activation_dropout is not modelled: continued training omits it")
     decode = decode_config(hf, _read_json(hf_dir / "generation_config.json", required=False))
     src_lang, tgt_lang = languages(hf_dir)
+    imported = {"source_lang": src_lang, "target_lang": tgt_lang}
+    write_imported(out, model, tok, "marian", hf_dir, imported, {"decode": to_dict(decode)})
+    return Imported(out, cfg, decode, src_lang, tgt_lang)
+
+
+def write_imported(
+    out: Path,
+    model: _ModelBase,
+    tok: Tokenizer | None,
+    kind: str,
+    hf_dir: Path,
+    imported: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Write an imported model's directory at once (staged beside `out`, then renamed:
+    `atomic_dir`): its weights and config, its tokenizer where it has one, and a
+    run_config.json saying where it came from."""
     run_config = {
-        "model": to_dict(cfg),
-        "decode": to_dict(decode),
-        "imported": {
-            "from": "marian",
-            "directory": hf_dir.resolve().name,
-            "source_lang": src_lang,
-            "target_lang": tgt_lang,
-        },
+        "model": to_dict(model.cfg),
+        **(extra or {}),
+        "imported": {"from": kind, "directory": hf_dir.resolve().name, **(imported or {})},
     }
     with atomic_dir(out) as tmp:
         save_model_dir(model, tmp)
-        tok.save(tmp)
+        if tok is not None:
+            tok.save(tmp)
         atomic_write_json(tmp / RUN_CONFIG_FILE, run_config)
-    return Imported(out, cfg, decode, src_lang, tgt_lang)
