@@ -101,7 +101,11 @@ def hf_peer(model_dir: Path, texts: list[str], out: Path) -> tuple[Any, Any, int
     vocab_dir = out / "wordpiece"
     vocab_dir.mkdir(parents=True, exist_ok=True)
     wp.save_model(str(vocab_dir))
-    tok = BertTokenizerFast(vocab_file=str(vocab_dir / "vocab.txt"), do_lower_case=True)
+    # transformers 5 takes the vocabulary file as `vocab` (4.x: `vocab_file`; 5.x ignores that
+    # keyword and builds a 5-piece vocabulary of the special tokens).
+    tok = BertTokenizerFast(vocab=str(vocab_dir / "vocab.txt"), do_lower_case=True)
+    if len(tok) < 0.5 * cfg.vocab_size:
+        sys.exit(f"the WordPiece vocabulary has {len(tok)} pieces, not ~{cfg.vocab_size}")
     torch.manual_seed(0)
     bert = BertConfig(
         vocab_size=len(tok),

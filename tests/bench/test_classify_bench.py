@@ -111,6 +111,7 @@ def test_pretraining_rows_compare_pretrained_and_scratch(tmp_path):
 def test_speed_measures_aiayn_and_the_pipeline_in_one_run(tmp_path):
     report = run_script("classify_speed", "--out", str(tmp_path), "--tiny", "--n", "64",
                         "--repeats", "1", "--skip-bs1", "--hf-batch", "16")  # fmt: skip
+    assert report["sizes"]["hf_vocab"] > 500  # the WordPiece trained here, not 5 specials
     got = report["by_threads"]["1"]
     for side in ("aiayn_inprocess", "hf_pipeline_bs16", "aiayn_cli", "aiayn_cli_8_lines"):
         assert got[side]["best_per_s"] > 0
