@@ -238,6 +238,6 @@ def test_a_file_with_one_label_is_refused(tmp_path):
 def test_a_random_replacement_is_never_a_special_token():
     tok = Tokenizer.train([t for _, t in sentences(300, 6)], 300, mask=True)
     ids_BT = torch.randint(5, tok.vocab_size, (256, 64))
-    inputs, where, _ = mask_tokens(ids_BT, tok, 0.5, torch.Generator().manual_seed(1))
+    inputs, _, _ = mask_tokens(ids_BT, tok, 0.5, torch.Generator().manual_seed(1))
     special = torch.tensor([tok.pad_id, tok.bos_id, tok.eos_id])
     assert not torch.isin(inputs, special).any()
