@@ -83,7 +83,8 @@ def test_baselines_run_all_three_systems_on_the_same_sentences(tmp_path):
     assert report["cpu"]["model"] and report["load_before"] and report["load_after"]
     for side in ("aiayn", "hf_bert", "tfidf_logreg"):
         check_score(report[side]["test"], 120)
-        assert report[side]["cpu_s"] > 0
+        # the linear baseline on 120 sentences takes under the 0.1 s its CPU time is rounded to
+        assert report[side]["cpu_s"] > 0 or (side == "tfidf_logreg" and report[side]["cpu_s"] == 0)
     assert report["aiayn"]["steps"] == 8 and report["hf_bert"]["steps"] == 8
     assert report["aiayn"]["cpus"] != report["hf_bert"]["cpus"] or os.cpu_count() == 1
     assert report["hf_bert"]["bert_config"]["vocab_size"] <= 1000  # aiayn's vocabulary
