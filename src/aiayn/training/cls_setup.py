@@ -173,12 +173,13 @@ def validate_classifier(
     }
 
 
-def encoder_tensors(directory: str | Path) -> dict[str, Tensor]:
+def encoder_tensors(directory: str | Path, head: tuple[str, ...] = ()) -> dict[str, Tensor]:
     """A pre-trained model's embedding and encoder weights under a classifier's names
-    (`embed.*`, `encoder.*`): an mlm run's, a classifier's, or a translator's source side."""
+    (`embed.*`, `encoder.*`): an mlm run's, a classifier's, or a translator's source side; a
+    classifier's weights under the `head` prefixes too (its pooler, its output layer)."""
     meta = read_model_meta(directory)
     arch = meta.get("architecture")
-    prefixes = {
+    prefixes: dict[str, str] | None = {
         "EncoderMLM": {"embed.": "embed.", "encoder.": "encoder."},
         "EncoderClassifier": {"embed.": "embed.", "encoder.": "encoder."},
         "Transformer": {"src_embed.": "embed.", "encoder.": "encoder."},
@@ -188,6 +189,8 @@ def encoder_tensors(directory: str | Path) -> dict[str, Tensor]:
             f"train.init_from={directory} holds a {arch}: a classifier starts from an encoder "
             "(an mlm run, a translator or a classifier)"
         )
+    if arch == "EncoderClassifier":
+        prefixes = {**prefixes, **{p: p for p in head}}
     tensors = load_tensors(Path(directory) / WEIGHTS_FILE)
     out = {}
     for name, t in tensors.items():
@@ -220,11 +223,7 @@ def start_classifier(cfg: Config) -> tuple[Config, str]:
 def load_encoder(model: EncoderClassifier, directory: str | Path, whole: bool) -> None:
     """Copy a pre-trained encoder (and a classifier's pooler; with `whole`, its output layer
     too) into `model`; the pre-trained side's weights must fit it exactly."""
-    tensors = encoder_tensors(directory)
-    head = ("classifier.", "pooler.") if whole else ("pooler.",)
-    if read_model_meta(directory).get("architecture") == "EncoderClassifier":
-        rest = load_tensors(Path(directory) / WEIGHTS_FILE)
-        tensors.update({n: t for n, t in rest.items() if n.startswith(head)})
+    tensors = encoder_tensors(directory, ("classifier.", "pooler.") if whole else ("pooler.",))
     own = model.state_dict()
     missing = [n for n in own if n.startswith(("embed.", "encoder.")) and n not in tensors]
     if missing:
