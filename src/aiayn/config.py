@@ -25,6 +25,9 @@ BOS_ID = 2
 EOS_ID = 3
 
 
+GATED = ("swiglu", "geglu")  # FFN activations that gate with a third matrix
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The architecture of Figure 1. Defaults are the paper's base model (Table 3)."""
@@ -37,15 +40,35 @@ class ModelConfig:
     dropout: float = 0.1  # P_drop on sub-layer outputs and embedding sums (§5.4)
     attn_dropout: float = 0.0  # on attention weights; not in the paper, used by tensor2tensor
     max_len: int = 1024  # rows of the positional table: the longest sequence the model accepts
-    positional: Literal["sinusoidal", "learned"] = "sinusoidal"  # §3.5; the paper found both equal
+    # §3.5 (the paper found sinusoidal and learned equal); after it: "rope" rotates Q and K by
+    # their position (RoFormer, LLaMA), "alibi" biases each head's scores by distance (Press et
+    # al.), "none" adds nothing (a decoder-only model's causal mask tells it where it is)
+    positional: Literal["sinusoidal", "learned", "rope", "alibi", "none"] = "sinusoidal"
+    rope_base: float = 10000.0  # RoPE's theta: head dimension pair i turns by pos / base^(2i/d_k)
     norm_first: bool = False  # the paper is post-LN; True = pre-LN with a final LayerNorm
-    layer_norm_eps: float = 1e-5
+    layer_norm_eps: float = 1e-5  # of every norm, LayerNorm or RMSNorm
+    # "layernorm" (Ba et al.; the paper's) or "rmsnorm" (Zhang & Sennrich: no mean, no bias; LLaMA)
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     share_embeddings: bool = True  # one embedding matrix for source and target (§3.4)
     tie_output: bool = True  # the pre-softmax projection reuses the target embedding (§3.4)
     # Where other toolkits differ from the paper (aiayn import marian and gpt2 need them):
     # the FFN's: max(0, .) in §3.3; Marian: swish; BERT: "gelu" (exact, erf); GPT-2:
-    # "gelu_tanh" (the tanh approximation, Hugging Face's "gelu_new")
-    activation: Literal["relu", "swish", "gelu", "gelu_tanh"] = "relu"
+    # "gelu_tanh" (the tanh approximation, Hugging Face's "gelu_new"); "relu2" = max(0, .)^2
+    # (So et al.); gated (Shazeer 2020, a third matrix W_3): "swiglu" = swish(x W_1) * x W_3
+    # (LLaMA), "geglu" = gelu(x W_1) * x W_3
+    activation: Literal["relu", "swish", "gelu", "gelu_tanh", "relu2", "swiglu", "geglu"] = "relu"
+    # a gated FFN's hidden width 2/3 d_ff, so its three matrices hold the paper's two's
+    # parameters (Shazeer 2020's comparison); False: d_ff as given (an imported LLaMA's)
+    ffn_match_params: bool = False
+    bias: bool = True  # biases in attention and FFN projections (the paper's; LLaMA has none)
+    # grouped-query attention (Ainslie et al.): kv_heads K/V heads, each shared by
+    # n_heads / kv_heads query heads; 1 = multi-query (Shazeer 2019); 0 = n_heads (the paper's)
+    kv_heads: int = 0
+    # local attention: each self-attention query sees the last attn_window positions (itself
+    # included; causal) or those within attn_window // 2 on either side (an encoder); the
+    # decoding cache then holds attn_window positions (Longformer, Mistral); 0 = all positions
+    attn_window: int = 0
+    qk_norm: bool = False  # normalise each head's queries and keys before Q K^T (OLMo 2, Qwen3)
     # token embeddings x sqrt(d_model) before the positions are added (§3.4); GPT-2 and BERT
     # add them unscaled (False)
     scale_embeddings: bool = True
@@ -68,55 +91,28 @@ class ModelConfig:
     eos_id: int = EOS_ID
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.vocab_size > 0, "vocab_size must be positive"),
-            (self.d_model > 0 and self.n_heads > 0, "d_model and n_heads must be positive"),
-            (
-                self.d_model % max(self.n_heads, 1) == 0,
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}",
-            ),
-            (self.n_layers >= 1, "n_layers must be at least 1"),
-            (self.d_ff > 0, "d_ff must be positive"),
-            (0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)"),
-            (0.0 <= self.attn_dropout < 1.0, f"attn_dropout={self.attn_dropout} not in [0, 1)"),
-            (self.max_len >= 2, "max_len must be at least 2"),
-            (
-                self.positional in ("sinusoidal", "learned"),
-                f"positional={self.positional!r}: choose 'sinusoidal' or 'learned'",
-            ),
-            (
-                self.activation in ("relu", "swish", "gelu", "gelu_tanh"),
-                f"activation={self.activation!r}: choose 'relu', 'swish', 'gelu' or 'gelu_tanh'",
-            ),
-            (
-                self.pooling in ("mean", "cls"),
-                f"pooling={self.pooling!r}: choose 'mean' or 'cls'",
-            ),
-            (
-                self.init in ("xavier", "normal"),
-                f"init={self.init!r}: choose 'xavier' or 'normal'",
-            ),
-            (
-                self.positional_layout in ("interleaved", "halves"),
-                f"positional_layout={self.positional_layout!r}: choose 'interleaved' or 'halves'",
-            ),
-            (
-                self.positional != "sinusoidal" or self.d_model % 2 == 0,
-                "sinusoidal positions need an even d_model",
-            ),
-            (
-                all(0 <= i < self.vocab_size for i in (self.pad_id, self.bos_id, self.eos_id)),
-                f"special ids pad/bos/eos={self.pad_id}/{self.bos_id}/{self.eos_id} "
-                f"must lie in [0, vocab_size={self.vocab_size})",
-            ),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(f"ModelConfig: {message}")
+        from aiayn.config_checks import model_problems  # the checks' own module: they are many
+
+        for message in model_problems(self):
+            raise ConfigError(f"ModelConfig: {message}")
 
     @property
     def d_k(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def n_kv_heads(self) -> int:
+        """The K/V heads a layer computes and a decoding cache holds."""
+        return self.kv_heads or self.n_heads
+
+    @property
+    def gated(self) -> bool:
+        return self.activation in GATED
+
+    @property
+    def d_hidden(self) -> int:
+        """The FFN's hidden width: d_ff, or 2/3 of it for a gated FFN that matches parameters."""
+        return round(2 * self.d_ff / 3) if self.gated and self.ffn_match_params else self.d_ff
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> ModelConfig:

@@ -69,7 +69,7 @@ class TableModel(nn.Module):
     def decode_step(self, tokens_BT: torch.Tensor, memory: Memory, cache: KVCache):
         self.calls += 1
         k = tokens_BT.float()[:, None, :, None]
-        hist_BHLK, _ = cache.append_self(0, k, k)
+        hist_BHLK, _, _ = cache.append_self(0, k, k)
         cache.length += tokens_BT.size(1)
         logits_BV = torch.full((tokens_BT.size(0), V_FAKE), float("-inf"))
         for r in range(tokens_BT.size(0)):

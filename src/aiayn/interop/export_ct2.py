@@ -36,6 +36,7 @@ from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.interop.export_dir import load_source, source_architecture, write_export
 from aiayn.nn.model import DecoderLayer, EncoderLayer, Transformer
+from aiayn.nn.norms import Norm
 from aiayn.text.tokenizer import JointTokenizer, MarianTokenizer, Tokenizer
 
 if TYPE_CHECKING:
@@ -56,6 +57,13 @@ _EXPRESSIBLE: dict[str, tuple[Any, ...] | None] = {  # None: any value
     "init": None,  # training only
     "max_len": None,
     "positional": ("sinusoidal", "learned"),
+    "rope_base": None,  # read with positional = "rope" only
+    "norm": ("layernorm",),
+    "ffn_match_params": None,  # read with a gated activation only
+    "bias": (True,),
+    "kv_heads": (0,),
+    "attn_window": (0,),
+    "qk_norm": (False,),
     "norm_first": (False, True),
     "layer_norm_eps": None,
     "share_embeddings": (False, True),
@@ -137,7 +145,8 @@ def _linear(spec: Any, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         spec.bias = _np(bias)
 
 
-def _norm(spec: Any, norm: torch.nn.LayerNorm) -> None:
+def _norm(spec: Any, norm: Norm) -> None:
+    assert isinstance(norm, torch.nn.LayerNorm)  # check_expressible refuses RMSNorm
     spec.gamma, spec.beta = _np(norm.weight), _np(norm.bias)
 
 
@@ -171,7 +180,7 @@ def _decoder_layer(spec: Any, layer: DecoderLayer) -> None:
     _ffn(spec.ffn, layer, layer.norm3)
 
 
-def _ffn(spec: Any, layer: EncoderLayer | DecoderLayer, norm: torch.nn.LayerNorm) -> None:
+def _ffn(spec: Any, layer: EncoderLayer | DecoderLayer, norm: Norm) -> None:
     _linear(spec.linear_0, layer.ffn.w_1.weight, layer.ffn.w_1.bias)
     _linear(spec.linear_1, layer.ffn.w_2.weight, layer.ffn.w_2.bias)
     _norm(spec.layer_norm, norm)

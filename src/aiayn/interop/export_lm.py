@@ -60,11 +60,13 @@ class _PresentCache(KVCache):
 
     present: list[Tensor] = field(default_factory=list)
 
-    def append_self(self, layer: int, k_BHTK: Tensor, v_BHTK: Tensor) -> tuple[Tensor, Tensor]:
+    def append_self(
+        self, layer: int, k_BHTK: Tensor, v_BHTK: Tensor
+    ) -> tuple[Tensor, Tensor, None]:
         k_BHCK = torch.cat([self.self_k[layer], k_BHTK], 2)
         v_BHCK = torch.cat([self.self_v[layer], v_BHTK], 2)
         self.present += [k_BHCK, v_BHCK]
-        return k_BHCK, v_BHCK
+        return k_BHCK, v_BHCK, None
 
 
 class DecoderLMGraph(nn.Module):

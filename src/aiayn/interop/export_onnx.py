@@ -85,12 +85,13 @@ class _ConcatCache(KVCache):
     new_k: list[Tensor] = field(default_factory=list)
     new_v: list[Tensor] = field(default_factory=list)
 
-    def append_self(self, layer: int, k_BHTK: Tensor, v_BHTK: Tensor) -> tuple[Tensor, Tensor]:
+    def append_self(
+        self, layer: int, k_BHTK: Tensor, v_BHTK: Tensor
+    ) -> tuple[Tensor, Tensor, None]:
         self.new_k.append(k_BHTK)
         self.new_v.append(v_BHTK)
-        return torch.cat([self.self_k[layer], k_BHTK], 2), torch.cat(
-            [self.self_v[layer], v_BHTK], 2
-        )
+        k_BHCK = torch.cat([self.self_k[layer], k_BHTK], 2)
+        return k_BHCK, torch.cat([self.self_v[layer], v_BHTK], 2), None
 
 
 class DecoderStepGraph(nn.Module):

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
+from aiayn.nn.norms import make_norm
 from aiayn.nn.tracing import is_tracing, tap
 
 # Bytes per entry of a sinusoidal table while it is computed: float64 for the table, its angles
@@ -24,7 +25,7 @@ def position_table_bytes(cfg: ModelConfig) -> int:
     """Memory that computing the sinusoidal table takes (0 for learned positions: parameters).
     No weight's shape bounds it, so whoever builds a model from an untrusted config checks it
     first (`aiayn.store.model_dir.check_position_table`)."""
-    if cfg.positional == "learned":
+    if cfg.positional != "sinusoidal":
         return 0
     return cfg.max_len * cfg.d_model * TABLE_BYTES_PER_ENTRY
 
@@ -54,7 +55,8 @@ def sinusoidal_positions(
 class Embeddings(nn.Module):
     """Token embedding x sqrt(d_model) + positional encoding, then dropout (§3.4, §3.5, §5.4).
 
-    `cfg.scale_embeddings=False` adds the token embeddings unscaled (GPT-2, BERT)."""
+    `cfg.scale_embeddings=False` adds the token embeddings unscaled (GPT-2, BERT). Positions
+    that act inside attention ("rope", "alibi") or none at all add nothing here."""
 
     def __init__(self, cfg: ModelConfig, tokens: nn.Embedding) -> None:
         super().__init__()
@@ -62,14 +64,15 @@ class Embeddings(nn.Module):
         self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
         self.max_len = cfg.max_len
         self.learned: nn.Embedding | None = None
+        self.adds_positions = cfg.positional in ("sinusoidal", "learned")
         if cfg.positional == "learned":
             self.learned = nn.Embedding(cfg.max_len, cfg.d_model)
-        else:  # a buffer, not a parameter: rebuilt from the formula, never saved
+        elif cfg.positional == "sinusoidal":  # a buffer, not a parameter: rebuilt, never saved
             table = sinusoidal_positions(cfg.max_len, cfg.d_model, cfg.positional_layout)
             self.register_buffer("pe", table, False)
         self.pe: Tensor
         # BERT normalises the sum before the first layer (cfg.embed_norm); the paper does not
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embed_norm else None
+        self.norm = make_norm(cfg) if cfg.embed_norm else None
         self.dropout = nn.Dropout(cfg.dropout)
         self.trace_name = "embed"
 
@@ -99,16 +102,22 @@ class Embeddings(nn.Module):
         if self.scale != 1.0:  # x 1.0 would cost a copy of the (B, T, D) embeddings
             tok_BTD = tok_BTD * self.scale
         T = ids_BT.size(1)
-        if isinstance(start, Tensor):
-            last = None if most is None else most + T - 1
-            pos_TD = self.at(start[:, None] + torch.arange(T, device=start.device), last)
-        else:
-            pos_TD = self.positions(start, T)
-        sum_BTD = tok_BTD + pos_TD
-        if is_tracing():
+        if not self.adds_positions:  # positions act in attention; the bound still holds
+            if not isinstance(start, Tensor) and start + T > self.max_len:
+                self.positions(start, T)  # raises
+            sum_BTD = tok_BTD
             tap(f"{self.trace_name}.tokens", tok_BTD)
-            tap(f"{self.trace_name}.positions", pos_TD)
-            tap(f"{self.trace_name}.sum", sum_BTD)
+        else:
+            if isinstance(start, Tensor):
+                last = None if most is None else most + T - 1
+                pos_TD = self.at(start[:, None] + torch.arange(T, device=start.device), last)
+            else:
+                pos_TD = self.positions(start, T)
+            sum_BTD = tok_BTD + pos_TD
+            if is_tracing():
+                tap(f"{self.trace_name}.tokens", tok_BTD)
+                tap(f"{self.trace_name}.positions", pos_TD)
+                tap(f"{self.trace_name}.sum", sum_BTD)
         if self.norm is not None:
             sum_BTD = self.norm(sum_BTD)
             tap(f"{self.trace_name}.norm", sum_BTD)

@@ -4,6 +4,8 @@
 with the cross-attention keys and values of that memory; every `decode_step` appends one
 position of self-attention keys and values. Beam search reorders both with `index_select`.
 
+`self_capacity` sizes a cache's self-attention buffers: a window's ring when it is shorter.
+
 Rows may start at different columns (`start_B`, left padding as in batched generation): a
 row that starts at column c sees only columns >= c, and its position in the sentence is
 column - c. That is how a search adds sentences while it runs (`aiayn.search.slots`).
@@ -45,9 +47,13 @@ class KVCache:
     Self-attention K/V live in buffers preallocated to `capacity` positions and are written
     in place each step (no re-allocation); `length` positions are filled. Cross-attention K/V
     of the encoder output are computed once per sentence.
+
+    With `window` = W > 0 (local attention) the buffers are rings of W slots: column c lives in
+    slot c % W, overwriting column c - W, which no query sees any more. Memory then stops
+    growing with the context.
     """
 
-    self_k: list[Tensor]  # (B, H, capacity, K) per layer
+    self_k: list[Tensor]  # (B, J, capacity, K) per layer (J K/V heads)
     self_v: list[Tensor]
     cross_k: list[Tensor]  # (B, H, S, K) per layer
     cross_v: list[Tensor]
@@ -55,6 +61,7 @@ class KVCache:
     spare_k: list[Tensor] | None = None  # same shapes as self_k: the target of a reorder
     spare_v: list[Tensor] | None = None
     start_B: Tensor | None = None  # each row's first column (None: 0 for every row)
+    window: int = 0  # > 0: the self K/V buffers are rings of this many slots
 
     def self_keep_B11C(self, end: int) -> Tensor | None:
         """Which of the first `end` columns each row may attend to (None: all of them)."""
@@ -63,14 +70,47 @@ class KVCache:
         cols_C = torch.arange(end, device=self.start_B.device)
         return (cols_C[None, :] >= self.start_B[:, None])[:, None, None, :]
 
-    def append_self(self, layer: int, k_BHTK: Tensor, v_BHTK: Tensor) -> tuple[Tensor, Tensor]:
-        """Write the new positions' K/V; return views of everything so far (B, H, length+T, K)."""
-        start, end = self.length, self.length + k_BHTK.size(2)
+    def append_self(
+        self, layer: int, k_BJTK: Tensor, v_BJTK: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Write the new positions' K/V; return the keys and values the new queries read and
+        each one's column (None: columns 0.. in order, everything so far (B, J, length+T, K))."""
+        if self.window:
+            return self._append_ring(layer, k_BJTK, v_BJTK)
+        start, end = self.length, self.length + k_BJTK.size(2)
         if end > self.self_k[layer].size(2):
             raise ValueError(f"KV cache capacity {self.self_k[layer].size(2)} exceeded")
-        self.self_k[layer][:, :, start:end] = k_BHTK
-        self.self_v[layer][:, :, start:end] = v_BHTK
-        return self.self_k[layer][:, :, :end], self.self_v[layer][:, :, :end]
+        self.self_k[layer][:, :, start:end] = k_BJTK
+        self.self_v[layer][:, :, start:end] = v_BJTK
+        return self.self_k[layer][:, :, :end], self.self_v[layer][:, :, :end], None
+
+    def _append_ring(
+        self, layer: int, k_BJTK: Tensor, v_BJTK: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The ring's append. One position (a decoding step): written into its slot, then the
+        whole ring is read, in slot order (attention does not care about the keys' order;
+        their columns say where each sits). Several (a prompt): the last W - 1 columns before
+        them, in order, then the new ones; the newest W are written."""
+        W, start, T = self.window, self.length, k_BJTK.size(2)
+        ring_k, ring_v = self.self_k[layer], self.self_v[layer]
+        device = k_BJTK.device
+        if T == 1:
+            ring_k[:, :, start % W] = k_BJTK[:, :, 0]
+            ring_v[:, :, start % W] = v_BJTK[:, :, 0]
+            slots_W = torch.arange(W, device=device)
+            return ring_k, ring_v, start - (start - slots_W) % W  # < 0: not written yet
+        new_T = torch.arange(start, start + T, device=device)
+        if start == 0:
+            k_all, v_all, cols = k_BJTK, v_BJTK, None
+        else:
+            past = torch.arange(max(0, start - W + 1), start, device=device)
+            k_all = torch.cat([ring_k.index_select(2, past % W), k_BJTK], 2)
+            v_all = torch.cat([ring_v.index_select(2, past % W), v_BJTK], 2)
+            cols = torch.cat([past, new_T])
+        kept = new_T[-W:]
+        ring_k.index_copy_(2, kept % W, k_BJTK[:, :, -W:])
+        ring_v.index_copy_(2, kept % W, v_BJTK[:, :, -W:])
+        return k_all, v_all, cols
 
     def index_select(self, idx_B: Tensor, *, cross: bool = True) -> KVCache:
         """Reorder (or select) batch rows, e.g. the surviving beams (fairseq's reorder).
@@ -119,4 +159,13 @@ class KVCache:
             spare_k,
             spare_v,
             None if self.start_B is None else self.start_B.index_select(0, idx_B),
+            self.window,
         )
+
+
+def self_capacity(window: int, capacity: int) -> tuple[int, int]:
+    """(slots, window) of a self-attention cache for `capacity` positions: a ring of `window`
+    slots when the model attends locally and more positions would come, else plain."""
+    if window and capacity > window:
+        return window, window
+    return capacity, 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -26,7 +27,8 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.nn.attention import MultiHeadAttention
 from aiayn.nn.embeddings import Embeddings
-from aiayn.nn.kv_cache import KVCache, Memory
+from aiayn.nn.kv_cache import KVCache, Memory, self_capacity
+from aiayn.nn.norms import Norm, make_norm
 from aiayn.nn.packed import encode_packed, skips_padding
 from aiayn.nn.tracing import Trace, is_tracing, tap
 from aiayn.runtime.kernels import Activation, Linear
@@ -37,22 +39,46 @@ from aiayn.runtime.kernels import Activation, Linear
 class PositionwiseFFN(nn.Module):
     """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, the same two layers at every position (§3.3).
 
-    `activation="swish"` puts x * sigmoid(x) in place of max(0, x) (Marian's models)."""
+    `activation="swish"` puts x * sigmoid(x) in place of max(0, x) (Marian's models); "relu2"
+    squares the ReLU (Primer). A gated activation (Shazeer 2020, "GLU variants") multiplies
+    the activated x W_1 by a second projection x W_3: swiglu = swish(x W_1) * x W_3 (LLaMA),
+    geglu = gelu(x W_1) * x W_3."""
 
-    def __init__(self, d_model: int, d_ff: int, activation: Activation = "relu") -> None:
+    def __init__(
+        self, d_model: int, d_ff: int, activation: str = "relu", *, bias: bool = True
+    ) -> None:
         super().__init__()
-        self.w_1 = Linear(d_model, d_ff)
-        self.w_2 = Linear(d_ff, d_model)
-        self.activation: Activation = activation
+        self.w_1 = Linear(d_model, d_ff, bias=bias)
+        self.w_2 = Linear(d_ff, d_model, bias=bias)
+        self.w_3 = Linear(d_model, d_ff, bias=bias) if activation in GATES else None
+        self.activation = activation
         self.trace_name = "ffn"
 
     def forward(self, x_BTD: Tensor) -> Tensor:
-        hidden_BTF = self.w_1(x_BTD, activation=self.activation)
+        if self.w_3 is not None:
+            gate_BTF = self.w_1(x_BTD, activation=GATES[self.activation])
+            up_BTF = self.w_3(x_BTD)
+            hidden_BTF = gate_BTF * up_BTF
+            if is_tracing():
+                tap(f"{self.trace_name}.gate", gate_BTF)
+                tap(f"{self.trace_name}.up", up_BTF)
+        elif self.activation == "relu2":
+            hidden_BTF = self.w_1(x_BTD, activation="relu").square()
+        else:
+            hidden_BTF = self.w_1(x_BTD, activation=cast(Activation, self.activation))
         out_BTD = self.w_2(hidden_BTF)
         if is_tracing():
             tap(f"{self.trace_name}.hidden", hidden_BTF)
             tap(f"{self.trace_name}.output", out_BTD)
         return out_BTD
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> PositionwiseFFN:
+        return cls(cfg.d_model, cfg.d_hidden, cfg.activation, bias=cfg.bias)
+
+
+# A gated FFN's activation -> the one its gate x W_1 takes
+GATES: dict[str, Activation] = {"swiglu": "swish", "geglu": "gelu"}
 
 
 # --- layers and stacks (§3.1) ------------------------------------------------------------------
@@ -70,7 +96,7 @@ class _ResidualLayer(nn.Module):
     trace_name: str
 
     def sublayer(self, x_BTD: Tensor, i: int, fn: Callable[[Tensor], Tensor]) -> Tensor:
-        norm: nn.LayerNorm = getattr(self, f"norm{i}")
+        norm: Norm = getattr(self, f"norm{i}")
         name = f"{self.trace_name}.residual{i}"
         if self.norm_first:
             return _residual(x_BTD, _dropout(self.dropout, fn(norm(x_BTD))), name)
@@ -100,10 +126,9 @@ class EncoderLayer(_ResidualLayer):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.norm_first = cfg.norm_first
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
-        self.ffn = PositionwiseFFN(cfg.d_model, cfg.d_ff, cfg.activation)
-        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.self_attn = MultiHeadAttention.from_config(cfg, self_attention=True)
+        self.ffn = PositionwiseFFN.from_config(cfg)
+        self.norm1, self.norm2 = make_norm(cfg), make_norm(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
         self.trace_name = "layer"
 
@@ -115,12 +140,9 @@ class EncoderLayer(_ResidualLayer):
         """The causal layer (a GPT block) for new positions only, reading and extending the KV
         cache; `keep_B1TC`: which cached columns each row may see (None: all)."""
 
-        def self_attn(h_BTD: Tensor) -> Tensor:
-            q_BHTK, k_BHTK, v_BHTK = self.self_attn.project_qkv(h_BTD)
-            k_BHCK, v_BHCK = cache.append_self(layer, k_BHTK, v_BHTK)  # C: cached positions
-            return self.self_attn.attend(q_BHTK, k_BHCK, v_BHCK, keep_B1TC, causal=True)
-
-        x_BTD = self.sublayer(x_BTD, 1, self_attn)
+        x_BTD = self.sublayer(
+            x_BTD, 1, lambda h_BTD: self.self_attn.step_self(h_BTD, cache, layer, keep_B1TC)
+        )
         return self.sublayer(x_BTD, 2, self.ffn)
 
 
@@ -130,12 +152,10 @@ class DecoderLayer(_ResidualLayer):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.norm_first = cfg.norm_first
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
-        self.ffn = PositionwiseFFN(cfg.d_model, cfg.d_ff, cfg.activation)
-        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.norm3 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.self_attn = MultiHeadAttention.from_config(cfg, self_attention=True)
+        self.cross_attn = MultiHeadAttention.from_config(cfg, self_attention=False)
+        self.ffn = PositionwiseFFN.from_config(cfg)
+        self.norm1, self.norm2, self.norm3 = make_norm(cfg), make_norm(cfg), make_norm(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
         self.trace_name = "layer"
 
@@ -150,10 +170,9 @@ class DecoderLayer(_ResidualLayer):
         """The same layer for new positions only, reading and extending the KV cache."""
 
         def self_attn(h_BTD: Tensor) -> Tensor:
-            q_BHTK, k_BHTK, v_BHTK = self.self_attn.project_qkv(h_BTD)
-            k_BHCK, v_BHCK = cache.append_self(layer, k_BHTK, v_BHTK)  # C: cached positions
-            keep_B11C = cache.self_keep_B11C(k_BHCK.size(2))  # rows that joined late
-            return self.self_attn.attend(q_BHTK, k_BHCK, v_BHCK, keep_B11C, causal=True)
+            end = cache.length + h_BTD.size(1)
+            keep_B11C = cache.self_keep_B11C(end)  # rows that joined late
+            return self.self_attn.step_self(h_BTD, cache, layer, keep_B11C)
 
         def cross_attn(h_BTD: Tensor) -> Tensor:
             q_BHTK = self.cross_attn.project_q(h_BTD)
@@ -171,7 +190,7 @@ class Encoder(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+        self.norm = make_norm(cfg) if cfg.norm_first else None
         self.trace_name = "stack"
 
     def forward(self, x_BSD: Tensor, keep_B11S: Tensor | None, *, causal: bool = False) -> Tensor:
@@ -199,7 +218,7 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+        self.norm = make_norm(cfg) if cfg.norm_first else None
         self.trace_name = "stack"
 
     def forward(self, y_BTD: Tensor, mem_BSD: Tensor, mem_keep_B11S: Tensor | None) -> Tensor:
@@ -381,17 +400,18 @@ class Transformer(_ModelBase):
     def init_cache(self, memory: Memory, capacity: int) -> KVCache:
         """An empty cache for up to `capacity` target positions, with cross K/V precomputed."""
         B = memory.out_BSD.size(0)
-        H, K = self.cfg.n_heads, self.cfg.d_k
+        J, K = self.cfg.n_kv_heads, self.cfg.d_k
+        slots, window = self_capacity(self.cfg.attn_window, capacity)
         like = memory.out_BSD
         self_k, self_v, cross_k, cross_v = [], [], [], []
         layer: DecoderLayer
         for layer in self.decoder.layers:  # type: ignore[assignment]  # ModuleList items
-            self_k.append(like.new_empty(B, H, capacity, K))
-            self_v.append(like.new_empty(B, H, capacity, K))
+            self_k.append(like.new_empty(B, J, slots, K))
+            self_v.append(like.new_empty(B, J, slots, K))
             k_BHSK, v_BHSK = layer.cross_attn.project_kv(memory.out_BSD)
             cross_k.append(k_BHSK.contiguous())  # read at every step: pay the layout once
             cross_v.append(v_BHSK.contiguous())
-        return KVCache(self_k, self_v, cross_k, cross_v, 0)
+        return KVCache(self_k, self_v, cross_k, cross_v, 0, window=window)
 
     def decode_step(
         self, tokens_BT: Tensor, memory: Memory, cache: KVCache

@@ -19,14 +19,16 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from aiayn.config import ModelConfig
 from aiayn.nn.attention import MultiHeadAttention, fused_attention
+from aiayn.nn.norms import Norm
 from aiayn.nn.tracing import is_tracing
 
 
 # What this module reads of `aiayn.nn.model`'s Encoder and EncoderLayer (which import it).
 class _Encoder(Protocol):
     layers: nn.ModuleList
-    norm: nn.LayerNorm | None
+    norm: Norm | None
 
 
 class _EncoderLayer(Protocol):
@@ -39,9 +41,18 @@ class _EncoderLayer(Protocol):
 def skips_padding(model: nn.Module, keep_BS: Tensor) -> bool:
     """Whether `encode` takes `encode_packed`: inference on a CPU (on a GPU the indices would
     cost a wait for the device, and padding costs little there), untraced (the glass box
-    records the paper's padded tensors), and only if there is padding."""
+    records the paper's padded tensors), only if there is padding, and only for the paper's
+    self-attention (`_self_attention` computes just that one)."""
+    cfg: ModelConfig = model.cfg  # type: ignore[assignment]  # the models' own attribute
+    paper_attention = (
+        cfg.positional in ("sinusoidal", "learned")
+        and cfg.n_kv_heads == cfg.n_heads
+        and not cfg.qk_norm
+        and not cfg.attn_window
+    )
     return (
-        not model.training
+        paper_attention
+        and not model.training
         and not torch.is_grad_enabled()
         and keep_BS.device.type == "cpu"
         and not is_tracing()

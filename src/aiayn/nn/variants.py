@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.nn.embeddings import Embeddings
 from aiayn.nn.encoder_only import EncoderClassifier, EncoderMLM
-from aiayn.nn.kv_cache import KVCache, Memory
+from aiayn.nn.kv_cache import KVCache, Memory, self_capacity
 from aiayn.nn.model import Encoder, Transformer, _ModelBase
 from aiayn.nn.tracing import tap
 from aiayn.runtime.kernels import Linear
@@ -81,14 +81,17 @@ class DecoderLM(_ModelBase):
         assert isinstance(memory, PromptMemory)
         ids_BS, start_B = memory.ids_BS, memory.start_B
         B, S = ids_BS.shape
-        H, K = self.cfg.n_heads, self.cfg.d_k
+        J, K = self.cfg.n_kv_heads, self.cfg.d_k
+        slots, window = self_capacity(self.cfg.attn_window, S - 1 + capacity)
         like = self.generator.weight
-        shape = (B, H, S - 1 + capacity, K)
+        shape = (B, J, slots, K)
         dtype = torch.get_autocast_dtype(like.device.type) if torch.is_autocast_enabled() else None
         k = [like.new_empty(shape, dtype=dtype) for _ in self.decoder.layers]
         v = [like.new_empty(shape, dtype=dtype) for _ in self.decoder.layers]
         # Rows that all start at column 0 need no mask of the columns they see.
-        cache = KVCache(k, v, [], [], 0, start_B=start_B if bool(start_B.any()) else None)
+        cache = KVCache(
+            k, v, [], [], 0, start_B=start_B if bool(start_B.any()) else None, window=window
+        )
         if S > 1:
             prefix_BT = ids_BS[:, :-1]
             x_BTD = self.embed(prefix_BT, start=-start_B)  # padding: positions < 0, unseen

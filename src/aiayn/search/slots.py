@@ -68,18 +68,20 @@ def join_caches(
     if keep_B is not None:
         start = start.index_select(0, keep_B)
     B = start.size(0)
-    drop = int(start.min()) if B else cache.length
+    ring = cache.window > 0  # a ring's slots hold columns mod its size: none is dropped
+    drop = 0 if ring else int(start.min()) if B else cache.length
     L = cache.length - drop
-    size = max(cache.self_k[0].size(2) - drop, L + positions)
+    size = cache.window if ring else max(cache.self_k[0].size(2) - drop, L + positions)
 
     def stack(mine: Tensor) -> Tensor:  # only the rows and columns someone sees are copied
         out = mine.new_empty(B + b, mine.size(1), size, mine.size(3))
-        seen = mine[:, :, drop : cache.length]
+        seen = mine if ring else mine[:, :, drop : cache.length]
+        filled = seen.size(2)
         if keep_B is None:
-            out[:B, :, :L] = seen
+            out[:B, :, :filled] = seen
         else:
-            torch.index_select(seen, 0, keep_B, out=out[:B, :, :L])
-        out[B:, :, :L] = 0  # what a new row does not see; it writes from column L on
+            torch.index_select(seen, 0, keep_B, out=out[:B, :, :filled])
+        out[B:, :, :filled] = 0  # what a new row does not see; it writes from column L on
         return out
 
     def cross(mine: list[Tensor], theirs: list[Tensor]) -> list[Tensor]:
@@ -97,6 +99,7 @@ def join_caches(
         cross(cache.cross_v, other.cross_v),
         L,
         start_B=torch.cat([start - drop, torch.full((b,), L, dtype=torch.long, device=device)]),
+        window=cache.window,
     )
 
 
@@ -112,7 +115,8 @@ class SlotCache:
 
     `buf.start_B` is each slot's first column. Columns a row does not see, and source positions
     past its own, hold zeros or what an earlier row left there: finite values that the masks
-    weigh by exactly 0."""
+    weigh by exactly 0. A ring cache (local attention, `KVCache.window`) keeps its columns
+    where they are (slot = column mod W): it is never shifted by `first`."""
 
     buf: KVCache  # R slots; C columns of self K/V; S source positions of cross K/V
     keep_RS: Tensor  # each slot's real source positions
@@ -135,10 +139,16 @@ class SlotCache:
     def first(self) -> int:
         return min(self.starts, default=self.buf.length)
 
+    @property
+    def shift(self) -> int:
+        """The columns before every live row's first, dropped from views and copies (none for
+        a ring, whose slot of a column is fixed)."""
+        return 0 if self.buf.window else self.first
+
     def view(self) -> tuple[KVCache, Tensor]:
         """(cache, source mask) of the live rows, for `decode_step`: views of the buffers, so
         what the step writes lands in the slots; the step moves `length` on (`advance`)."""
-        n, f, b = self.n, self.first, self.buf
+        n, f, b = self.n, self.shift, self.buf
         assert b.start_B is not None
         return KVCache(
             [k[:n, :, f:] for k in b.self_k],
@@ -147,6 +157,7 @@ class SlotCache:
             [v[:n] for v in b.cross_v],
             b.length - f,
             start_B=b.start_B[:n] - f if self.joined else None,
+            window=b.window,
         ), self.keep_RS[:n]
 
     def advance(self, positions: int = 1) -> None:
@@ -168,7 +179,7 @@ class SlotCache:
         if holes:
             device = self.keep_RS.device
             to, frm = torch.tensor(holes, device=device), torch.tensor(movers, device=device)
-            b, cols = self.buf, slice(self.first, self.buf.length)  # only the columns seen
+            b, cols = self.buf, slice(self.shift, self.buf.length)  # only the columns seen
             for x in b.self_k + b.self_v:
                 x[:, :, cols].index_copy_(0, to, x[:, :, cols].index_select(0, frm))
             assert b.start_B is not None
@@ -184,18 +195,20 @@ class SlotCache:
         cross-attention and `source` mask positions; when there is none, every live row is
         copied once into larger buffers (with headroom, so that this is rare) from its first
         seen column on."""
-        b, n, f = self.buf, self.n, self.first
+        b, n, f = self.buf, self.n, self.shift
         R, C, S = b.self_k[0].size(0), b.self_k[0].size(2), b.cross_k[0].size(2)
-        fits = n + rows <= R and b.length + positions <= C
+        fits = n + rows <= R and (b.window > 0 or b.length + positions <= C)
         if fits and cross <= S and source <= self.keep_RS.size(1):
             return
         L = b.length - f
-        # Headroom: a quarter more rows, and columns for two more admissions' limits.
+        # Headroom: a quarter more rows, and columns for two more admissions' limits (a
+        # ring keeps its size).
         R2, C2, S2 = (
             max(R, n + rows + (n + rows) // 4),
-            max(C - f, L + 2 * positions),
+            C if b.window else max(C - f, L + 2 * positions),
             max(S, cross),
         )
+        filled = min(b.length, C) if b.window else b.length
 
         def copy(x: Tensor, start: int, stop: int, size: int, dim: int) -> Tensor:
             """Rows 0..n-1 of `x`, its `start:stop` along `dim` moved to 0, in new buffers."""
@@ -210,12 +223,13 @@ class SlotCache:
         start[:n] = b.start_B[:n] - f
         Sk = self.keep_RS.size(1)
         self.buf = KVCache(
-            [copy(x, f, b.length, C2, 2) for x in b.self_k],
-            [copy(x, f, b.length, C2, 2) for x in b.self_v],
+            [copy(x, f, filled, C2, 2) for x in b.self_k],
+            [copy(x, f, filled, C2, 2) for x in b.self_v],
             [copy(x, 0, S, S2, 2) for x in b.cross_k],
             [copy(x, 0, S, S2, 2) for x in b.cross_v],
             L,
             start_B=start,
+            window=b.window,
         )
         self.keep_RS = copy(self.keep_RS, 0, Sk, max(Sk, source), 1)
         self.starts = [s - f for s in self.starts]
@@ -227,7 +241,7 @@ class SlotCache:
         if n + B > b.self_k[0].size(0):
             raise ValueError(f"{B} rows do not fit {b.self_k[0].size(0) - n} free slots: reserve")
         new = slice(n, n + B)
-        f, S = self.first, fresh.cross_k[0].size(2)  # no live row: `first` is `length`
+        f, S = self.shift, fresh.cross_k[0].size(2)  # no live row: `first` is `length`
         for x in b.self_k + b.self_v:  # columns they do not see: a slot never written is not
             x[new, :, f : b.length] = 0  # finite there (empty memory), and masks need finite
         for x, y in zip(b.cross_k + b.cross_v, fresh.cross_k + fresh.cross_v, strict=True):
