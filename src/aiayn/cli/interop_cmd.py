@@ -31,7 +31,25 @@ def add_import(sub: argparse._SubParsersAction) -> None:
         "vocab.txt) into a new aiayn model directory holding an EncoderClassifier that "
         "classify, evaluate --data and train (train.init_from) accept. Nothing is downloaded.",
     )
-    for q in (m, g, b):
+    ll = import_sub.add_parser(
+        "llama",
+        help="a local Hugging Face LLaMA or Mistral directory, as a decoder-only LM "
+        "(docs/import.md)",
+        description="Convert HF_DIR (config.json with model_type llama or mistral, "
+        "model.safetensors or the shards model.safetensors.index.json names, and optionally "
+        "tokenizer.json) into a new aiayn model directory holding a DecoderLM (RoPE, RMSNorm, "
+        "SwiGLU, grouped-query attention). What aiayn cannot compute exactly (scaled RoPE, "
+        "another activation or head size) is refused. Nothing is downloaded.",
+    )
+    ll.add_argument(
+        "--max-len",
+        type=int,
+        default=None,
+        metavar="N",
+        help="positions the model accepts (default: config.json's max_position_embeddings; "
+        "at most that)",
+    )
+    for q in (m, g, b, ll):
         q.add_argument("hf_dir", type=Path, metavar="HF_DIR", help="the Hugging Face directory")
         q.add_argument(
             "--out",
@@ -46,6 +64,8 @@ def run_import(args: argparse.Namespace) -> int:
         return _run_import_gpt2(args)
     if args.import_command == "bert":
         return _run_import_bert(args)
+    if args.import_command == "llama":
+        return _run_import_llama(args)
     from aiayn.interop.marian import import_marian
 
     done = import_marian(args.hf_dir, args.out)
@@ -70,6 +90,22 @@ def _run_import_gpt2(args: argparse.Namespace) -> int:
         f"imported {args.hf_dir} (GPT-2) into {done.out}: DecoderLM, d_model {cfg.d_model}, "
         f"{cfg.n_layers} layers, {cfg.n_heads} heads, d_ff {cfg.d_ff}, vocabulary "
         f"{cfg.vocab_size}, {cfg.max_len} positions, {cfg.activation} FFN; {tokens}"
+    )
+    return 0
+
+
+def _run_import_llama(args: argparse.Namespace) -> int:
+    from aiayn.interop.llama import import_llama
+
+    done = import_llama(args.hf_dir, args.out, args.max_len)
+    cfg = done.model
+    tokens = "tokenizer.json" if done.tokenizer else "no tokenizer: token ids only"
+    window = f", window {cfg.attn_window}" if cfg.attn_window else ""
+    print(
+        f"imported {args.hf_dir} (LLaMA) into {done.out}: DecoderLM, d_model {cfg.d_model}, "
+        f"{cfg.n_layers} layers, {cfg.n_heads} heads ({cfg.n_kv_heads} K/V), d_ff {cfg.d_ff}, "
+        f"vocabulary {cfg.vocab_size}, {cfg.max_len} positions{window}, RoPE base "
+        f"{cfg.rope_base:g}, {cfg.activation} FFN; {tokens}"
     )
     return 0
 

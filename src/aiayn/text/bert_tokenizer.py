@@ -20,6 +20,7 @@ for one sentence.
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -168,6 +169,8 @@ def _read_settings(hf_dir: Path) -> dict[str, Any]:
 def load_tokenizers_file(path: Path) -> Tokenizer:
     """A model directory's `hf_tokenizer.json`: BERT's WordPiece (a BertTokenizer) or GPT-2's
     byte-level BPE (an HFTokenizer), by the model the file holds."""
+    if (path.parent / "hf_special_ids.json").is_file():  # aiayn import llama's: ids beside it
+        return importlib.import_module("aiayn.interop.llama").LlamaTokenizer.load_file(path)  # type: ignore[no-any-return]
     text = _read_text(path)
     if model_type(text, path) == "WordPiece":
         return BertTokenizer(_from_json(text, path))
