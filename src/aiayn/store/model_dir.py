@@ -173,7 +173,7 @@ def check_weights_header(path: Path, cfg: ModelConfig, extra: dict[str, Any]) ->
         if shape[0] != cfg.vocab_size:
             raise mismatch("vocab_size", cfg.vocab_size, f"{shape[0]} token embeddings ({name})")
     for name, shape in w_1.items():
-        if shape != (cfg.d_ff, cfg.d_model):
+        if shape != (cfg.d_hidden, cfg.d_model):  # d_hidden: a gated FFN's matched width
             raise mismatch("d_ff", cfg.d_ff, f"{name} of shape {shape}")
     layers: dict[str, set[str]] = {}  # stack ("encoder", "decoder") -> layer indices
     for name in shapes:
