@@ -63,6 +63,21 @@ EXPECTED = {
         "agree on",
         "verdict: the difference is",
     ],
+    "11_from_paper_to_llama": [
+        "RoPE: q.k after rotation depends on i - j only",
+        "slopes m_h = 2^(-8h/4), h = 1..4: [0.25, 0.0625, 0.015625, 0.00390625]",
+        "4 norms without beta: 128 fewer parameters",
+        "ReLU FFN 8,352 vs SwiGLU FFN 8,362 parameters",
+        "GQA with 2 K/V heads = multi-head with each K/V head copied to its group",
+        "512,000 bytes for 1,000 tokens",
+        "128,000 bytes for 1,000 tokens",
+        "268,435,456",
+        "explicit weights 16,777,216 bytes",
+        "the ring stays at 8 slots past 8 tokens",
+        "qk_norm adds 64 parameters",
+        "27,456       24,672",
+        "both beat uniform guessing",
+    ],
 }
 # Notebook 6 trains the model that 7 and 8 read (in that order); every other one stands alone.
 READS_06 = ["06_train_the_quick_start", "07_looking_inside", "08_beam_search"]
@@ -112,8 +127,9 @@ def test_tutorial_notebooks_run_in_order(tmp_path, monkeypatch):
     # threads wait on each other at every operation (the training cell took over 120 s so).
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     # Two kernels at a time, about equally long: 06, 07, 08 in order, then 09 (150 training
-    # steps, ~10 s); beside them 01-05 and 10 (a masked LM and four classifiers, ~40 s).
-    after_06 = [*READS_06, "09_your_own_gpt"]
+    # steps, ~10 s) and 11 (tiny models, 8 s of training); beside them 01-05 and 10 (a masked
+    # LM and four classifiers, ~40 s). 09 and 11 stand alone: they sit here for the balance.
+    after_06 = [*READS_06, "09_your_own_gpt", "11_from_paper_to_llama"]
     alone = [n for n in names if n not in after_06 and has_data(n)]  # the others: test below
 
     async def both() -> list[BaseException | None]:
