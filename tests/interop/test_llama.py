@@ -121,9 +121,15 @@ def test_logits_and_hidden_states_match_hugging_face(llama_dir: Path, llama_out:
     assert not cfg.tie_output and not cfg.bias and cfg.d_hidden == 96
     hf = hf_model(llama_dir)
     ids = random_ids(cfg.vocab_size, (2, 40))
-    diff = max_diff(model, hf, ids)
-    print(f"LLaMA GQA untied: max |logit diff| {diff:.2e}")
-    assert diff <= TOL
+    diff = max_diff(model, hf, ids)  # the prepacked oneDNN path (kernels.Linear, no_grad)
+    with torch.no_grad():
+        want = hf(ids).logits
+    plain = (model(ids).detach() - want).abs().max().item()  # the plain F.linear path
+    print(
+        f"LLaMA GQA untied: max |logit diff| {diff:.2e} (plain path {plain:.2e}), logits up "
+        f"to {want.abs().max().item():.1f}"
+    )
+    assert diff <= TOL and plain <= TOL
     base = transformers.LlamaModel.from_pretrained(llama_dir).eval()
     with torch.no_grad():
         want = base(ids).last_hidden_state
@@ -212,6 +218,17 @@ def test_without_a_tokenizer_the_model_imports_alone(tmp_path: Path, caplog) -> 
         Tokenizer.load(tmp_path / "out")
 
 
+def test_embedding_rows_beyond_the_tokenizer(tmp_path: Path) -> None:
+    """A vocab_size above the tokenizer's pieces (rows padded for speed, as some models do)."""
+    hf_dir = make_llama_dir(tmp_path / "hf", vocab_size=120)
+    model = imported(hf_dir, tmp_path / "out")
+    tok = Tokenizer.load(tmp_path / "out")
+    assert tok.vocab_size == model.cfg.vocab_size == 120
+    tok.check_fits(model.cfg)
+    with pytest.raises(CheckpointError, match="100 pieces but config.json says vocab_size=50"):
+        import_llama(make_llama_dir(tmp_path / "hf2", vocab_size=50), tmp_path / "out2")
+
+
 def test_max_len_flag(llama_dir: Path, tmp_path: Path) -> None:
     model = imported(llama_dir, tmp_path / "out", "--max-len", "32")
     assert model.cfg.max_len == 32
@@ -224,12 +241,14 @@ def _edit_config(d: Path, **changes: object) -> None:
     (d / "config.json").write_text(json.dumps({**cfg, **changes}))
 
 
-def _drop_tensor(d: Path, name: str, reshape: bool = False) -> None:
+def _edit_tensor(d: Path, name: str, how: str = "drop") -> None:
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(d / "model.safetensors")
-    if reshape:
+    if how == "cut":
         tensors[name] = tensors[name][:-1]
+    elif how == "add":
+        tensors[name] = torch.zeros(3)
     else:
         del tensors[name]
     save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
@@ -251,12 +270,20 @@ BAD = {
     "head_dim": (lambda d: _edit_config(d, head_dim=32), "head_dim=32"),
     "kv heads": (lambda d: _edit_config(d, num_key_value_heads=3), "kv_heads=3 must divide"),
     "missing weight": (
-        lambda d: _drop_tensor(d, "model.layers.1.mlp.up_proj.weight"),
+        lambda d: _edit_tensor(d, "model.layers.1.mlp.up_proj.weight"),
         "has no tensor model.layers.1.mlp.up_proj.weight",
     ),
     "wrong shape": (
-        lambda d: _drop_tensor(d, "model.layers.0.self_attn.k_proj.weight", reshape=True),
+        lambda d: _edit_tensor(d, "model.layers.0.self_attn.k_proj.weight", "cut"),
         "k_proj.weight has shape (31, 64)",
+    ),
+    "extra tensor": (
+        lambda d: _edit_tensor(d, "model.layers.0.self_attn.q_norm.weight", "add"),
+        "a LLaMA does not have: model.layers.0.self_attn.q_norm.weight",
+    ),
+    "pickle only": (
+        lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"),
+        "never opens a pickle",
     ),
     "no weights": (lambda d: (d / "model.safetensors").unlink(), "has no model.safetensors"),
     "tokenizer size": (lambda d: _edit_config(d, vocab_size=50), "vocab_size=50"),
