@@ -32,34 +32,47 @@ CORPUS = [
 ] * 20
 TEXTS = ["the cat runs in the park.", "llamas turn", "  two  spaces ", "Größe ½ 😀", ""]
 SPECIALS = ["<unk>", "<s>", "</s>"]  # LLaMA 1/2's ids 0, 1, 2 (LlamaConfig's defaults)
+BYTE_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]  # LLaMA 3's
 
 
-def train_tokenizer(path: Path) -> int:
-    """A SentencePiece-style BPE (LLaMA 2's layout: "▁" for a space, "<s>" 1 added in front by
-    the post-processor, unknown characters as <unk>) saved as tokenizer.json; its size."""
-    bpe = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace(prepend_scheme="first")
-    bpe.decoder = tokenizers.decoders.Metaspace(prepend_scheme="first")
+def train_tokenizer(path: Path, style: str = "spm") -> int:
+    """A BPE trained on CORPUS, saved as tokenizer.json; its size. "spm": LLaMA 2's layout
+    ("▁" for a space, <unk> <s> </s> ids 0 1 2, unknown characters as <unk>); "bytes": LLaMA
+    3's (byte-level, never unknown, the special tokens added after the pieces)."""
+    if style == "spm":
+        bpe = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
+        bpe.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace(prepend_scheme="first")
+        bpe.decoder = tokenizers.decoders.Metaspace(prepend_scheme="first")
+        specials, alphabet = SPECIALS, []
+    else:
+        bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+        bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        bpe.decoder = tokenizers.decoders.ByteLevel()
+        specials, alphabet = [], tokenizers.pre_tokenizers.ByteLevel.alphabet()
     trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=100, special_tokens=SPECIALS, show_progress=False
+        vocab_size=100 if style == "spm" else 300,
+        special_tokens=specials,
+        initial_alphabet=alphabet,
+        show_progress=False,
     )
     bpe.train_from_iterator(CORPUS, trainer)
+    if style == "bytes":
+        bpe.add_special_tokens(BYTE_SPECIALS)
+    bos = "<s>" if style == "spm" else BYTE_SPECIALS[0]
     bpe.post_processor = tokenizers.processors.TemplateProcessing(
-        single="<s> $A", special_tokens=[("<s>", 1)]
+        single=f"{bos} $A", special_tokens=[(bos, bpe.token_to_id(bos))]
     )
     bpe.save(str(path / "tokenizer.json"))
     return bpe.get_vocab_size()
 
 
 def make_llama_dir(
-    path: Path, *, seed: int = 0, tokenizer: bool = True, kind: str = "llama", **config
+    path: Path, *, seed: int = 0, tokenizer: str = "spm", kind: str = "llama", **config
 ) -> Path:
     """A randomly initialised LlamaForCausalLM (or MistralForCausalLM), every weight moved off
     its start (norm gains too, so a wrong mapping shows), saved with safetensors."""
     path.mkdir(parents=True, exist_ok=True)
-    vocab = train_tokenizer(path) if tokenizer else 100
-    if not tokenizer:
-        (path / "tokenizer.json").unlink(missing_ok=True)
+    vocab = train_tokenizer(path, tokenizer) if tokenizer != "none" else 100
     settings = dict(
         vocab_size=vocab, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
         num_hidden_layers=2, intermediate_size=96, max_position_embeddings=64,
@@ -146,7 +159,7 @@ def test_logits_and_hidden_states_match_hugging_face(llama_dir: Path, llama_out:
     ],
 )
 def test_variants_match_hugging_face(name: str, config: dict, tmp_path: Path) -> None:
-    hf_dir = make_llama_dir(tmp_path / "hf", tokenizer=False, seed=3, **config)
+    hf_dir = make_llama_dir(tmp_path / "hf", tokenizer="none", seed=3, **config)
     model = imported(hf_dir, tmp_path / "out")
     if "shard" in config:
         assert (hf_dir / "model.safetensors.index.json").is_file()
@@ -158,7 +171,7 @@ def test_variants_match_hugging_face(name: str, config: dict, tmp_path: Path) ->
 def test_mistral_window(tmp_path: Path) -> None:
     """A window of 5 over 40 positions: aiayn's blocked local attention (T > 2W) against
     Mistral's sliding-window mask, and greedy decoding through the ring cache."""
-    hf_dir = make_llama_dir(tmp_path / "hf", tokenizer=False, kind="mistral", sliding_window=5)
+    hf_dir = make_llama_dir(tmp_path / "hf", tokenizer="none", kind="mistral", sliding_window=5)
     model = imported(hf_dir, tmp_path / "out")
     assert model.cfg.attn_window == 5
     hf = hf_model(hf_dir)
@@ -208,8 +221,31 @@ def test_tokenizer_and_greedy_generation_match(llama_dir: Path, llama_out: Path)
         assert made[0].text == tok.decode(want)
 
 
+def test_byte_level_tokenizer_and_eos_list(tmp_path: Path, caplog) -> None:
+    """LLaMA 3's layout: a byte-level BPE, BOS and EOS added after the pieces, and
+    config.json's eos_token_id a list (Instruct's): the first is EOS, with a warning."""
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    V = train_tokenizer(hf_dir, "bytes")
+    bos, eot, eom = V - 3, V - 2, V - 1
+    make_llama_dir(hf_dir, tokenizer="none", vocab_size=V, bos_token_id=bos, eos_token_id=eot)
+    _edit_config(hf_dir, eos_token_id=[eot, eom])
+    imported(hf_dir, tmp_path / "out")
+    assert "eos_token_id=" in caplog.text and "first only" in caplog.text
+    tok = Tokenizer.load(tmp_path / "out")
+    assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.vocab_size) == (eot, bos, eot, V)
+    hf_tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(hf_dir / "tokenizer.json"), bos_token=BYTE_SPECIALS[0]
+    )
+    for text in [*TEXTS, f"a literal {BYTE_SPECIALS[2]} token"]:
+        ids = tok.encode(text, bos=True, eos=False)
+        assert ids == hf_tok(text)["input_ids"], text
+        assert tok.decode(ids) == text  # byte-level: every text comes back
+    assert tok.decode([bos, *tok.encode("the cat", eos=True), 7]) == "the cat"
+
+
 def test_without_a_tokenizer_the_model_imports_alone(tmp_path: Path, caplog) -> None:
-    hf_dir = make_llama_dir(tmp_path / "hf", tokenizer=False, num_key_value_heads=4)
+    hf_dir = make_llama_dir(tmp_path / "hf", tokenizer="none", num_key_value_heads=4)
     model = imported(hf_dir, tmp_path / "out")
     assert "no tokenizer.json" in caplog.text
     assert model.cfg.n_kv_heads == 4
