@@ -244,13 +244,26 @@ class MultiHeadAttention(nn.Module):
         tap(f"{self.trace_name}.k_raw", k_BJSK)
         return self.k_norm(k_BJSK)
 
-    def rotate_qk(self, q_BHTK: Tensor, k_BJTK: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
-        """RoPE on the new queries and keys at positions `pos` ((T,) or per row (B, T))."""
-        if not self.rope_base:
-            return q_BHTK, k_BJTK
+    def angles(self, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """RoPE's cos and sin at positions `pos` ((T,) or per row (B, T)), shaped to turn
+        (B, H, T, K) heads."""
         cos, sin = rope_angles(pos, self.d_k, self.rope_base)
         if pos.dim() == 2:  # (B, T, K) -> (B, 1, T, K): every head turns alike
             cos, sin = cos[:, None], sin[:, None]
+        return cos, sin
+
+    def rotate_qk(
+        self,
+        q_BHTK: Tensor,
+        k_BJTK: Tensor,
+        pos: Tensor,
+        angles: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """RoPE on the new queries and keys at positions `pos` ((T,) or per row (B, T));
+        `angles`: `self.angles(pos)`, if already computed."""
+        if not self.rope_base:
+            return q_BHTK, k_BJTK
+        cos, sin = self.angles(pos) if angles is None else angles
         if is_tracing():
             tap(f"{self.trace_name}.q_unrotated", q_BHTK)
             tap(f"{self.trace_name}.k_unrotated", k_BJTK)
@@ -293,21 +306,40 @@ class MultiHeadAttention(nn.Module):
             pos: Tensor = torch.arange(start, start + T, device=x_BTD.device)
             if cache.start_B is not None:
                 pos = pos[None, :] - cache.start_B[:, None]
-            q_BHTK, k_BJTK = self.rotate_qk(q_BHTK, k_BJTK, pos)
+            # Every layer of the step turns by the same angles: the first layer's are kept.
+            angles = cache.memoised("rope", (start, T), lambda: self.angles(pos))
+            q_BHTK, k_BJTK = self.rotate_qk(q_BHTK, k_BJTK, pos, angles)
         k_BJCK, v_BJCK, k_cols = cache.append_self(layer, k_BJTK, v_BJTK)  # C: cached
         if not self.geometric:
             return self.attend(q_BHTK, k_BJCK, v_BJCK, keep, causal=True)
-        # A window's ring of columns, or ALiBi's distances: masks come from the columns
-        cols_C = torch.arange(k_BJCK.size(2), device=x_BTD.device) if k_cols is None else k_cols
+        C = k_BJCK.size(2)
+        if is_tracing():  # the masks are recorded where they are made, in every layer
+            return self.attend(
+                q_BHTK, k_BJCK, v_BJCK, self._cache_keep(cache, C, k_cols), causal=True,
+                q_start=start, k_cols=k_cols,
+            )  # fmt: skip
+        keep_mask, bias = cache.memoised(
+            "geometry",
+            (start, T, C),
+            lambda: self._geometry(
+                T, C, start, k_cols, self._cache_keep(cache, C, k_cols), True, q_BHTK
+            ),
+        )
+        return self.attend(q_BHTK, k_BJCK, v_BJCK, keep_mask, bias=bias, geometry_done=True)
+
+    @staticmethod
+    def _cache_keep(cache: KVCache, C: int, k_cols: Tensor | None) -> Tensor | None:
+        """Which of the C keys a step reads each row may see, by their columns: rows that
+        start late (left padding) see their own; a ring's slot not written yet (column < 0)
+        none."""
+        cols_C = torch.arange(C, device=cache.self_k[0].device) if k_cols is None else k_cols
         keep_B11C: Tensor | None = None
-        if cache.start_B is not None:  # rows that start late (left padding) see their own
+        if cache.start_B is not None:
             keep_B11C = (cols_C[None, :] >= cache.start_B[:, None])[:, None, None]
-        if k_cols is not None:  # a ring's slot not written yet holds a column < 0
+        if k_cols is not None:
             written_11C = (k_cols >= 0)[None, None, None]
             keep_B11C = written_11C if keep_B11C is None else keep_B11C & written_11C
-        return self.attend(
-            q_BHTK, k_BJCK, v_BJCK, keep_B11C, causal=True, q_start=start, k_cols=k_cols
-        )
+        return keep_B11C
 
     def attend(
         self,
@@ -319,17 +351,19 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         q_start: int | None = None,
         k_cols: Tensor | None = None,
+        bias: Tensor | None = None,
+        geometry_done: bool = False,
     ) -> Tensor:
         """Attention over already projected heads, concat, W^O. Used by forward and the cache.
 
         `q_start`, `k_cols`: the queries' first column and each key's column (defaults: the
         queries are the last T of S keys at columns 0..S-1); ALiBi and the window read them.
+        `geometry_done`: `keep_mask` and `bias` already hold them (`_geometry`'s).
         """
         T, S = q_BHTK.size(2), k_BJSK.size(2)
         dropout_p = self.dropout if self.training else 0.0
         tracing = is_tracing()
-        bias = None
-        if self.geometric:
+        if self.geometric and not geometry_done:
             start = S - T if q_start is None else q_start
             if (
                 self.window

@@ -13,7 +13,9 @@ column - c. That is how a search adds sentences while it runs (`aiayn.search.slo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -62,6 +64,16 @@ class KVCache:
     spare_v: list[Tensor] | None = None
     start_B: Tensor | None = None  # each row's first column (None: 0 for every row)
     window: int = 0  # > 0: the self K/V buffers are rings of this many slots
+    # What every layer of one step computes alike (RoPE's angles, ALiBi's and the window's
+    # masks), made by the first layer: kind -> (key, value). A new cache starts empty.
+    memo: dict[str, tuple[Any, Any]] = field(default_factory=dict, repr=False)
+
+    def memoised(self, kind: str, key: Any, make: Callable[[], Any]) -> Any:
+        """`make()`, computed once for a `key` (e.g. this step's first column and length)."""
+        held = self.memo.get(kind)
+        if held is None or held[0] != key:
+            held = self.memo[kind] = (key, make())
+        return held[1]
 
     def self_keep_B11C(self, end: int) -> Tensor | None:
         """Which of the first `end` columns each row may attend to (None: all of them)."""
@@ -97,8 +109,12 @@ class KVCache:
         if T == 1:
             ring_k[:, :, start % W] = k_BJTK[:, :, 0]
             ring_v[:, :, start % W] = v_BJTK[:, :, 0]
+            if start < W:  # not full yet: columns 0..start in slots 0..start. The slots after
+                # them were never written (whatever the allocation left, NaN included: a
+                # weight of 0 times NaN is NaN), so they are not read at all.
+                return ring_k[:, :, : start + 1], ring_v[:, :, : start + 1], None
             slots_W = torch.arange(W, device=device)
-            return ring_k, ring_v, start - (start - slots_W) % W  # < 0: not written yet
+            return ring_k, ring_v, start - (start - slots_W) % W
         new_T = torch.arange(start, start + T, device=device)
         if start == 0:
             k_all, v_all, cols = k_BJTK, v_BJTK, None
