@@ -1,7 +1,7 @@
 """The import graph of src/aiayn: packages in one stack, no cycles, and the README says so.
 
-A module imports the foundations (the top-level modules: errors, atomic, config, config_files,
-reference) and modules of its own package or of a package before it in PACKAGES, never one
+A module imports the foundations (the top-level modules: errors, atomic, config_checks, config,
+config_files, reference) and modules of its own package or of a package before it in PACKAGES, never one
 after it.
 PACKAGES is also the README's dependency sentence, so the two cannot drift apart.
 """
@@ -18,7 +18,7 @@ from paths import ROOT
 PACKAGE = ROOT / "src" / "aiayn"
 
 # The top-level modules, bottom to top: every package may import them.
-FOUNDATIONS = ["errors", "atomic", "config", "config_files", "reference"]
+FOUNDATIONS = ["errors", "atomic", "config_checks", "config", "config_files", "reference"]
 # The packages, bottom to top: the stages of the paper, then of a translator's life.
 PACKAGES = [
     "runtime", "nn", "text", "search", "store", "translate", "generate", "classify", "training",

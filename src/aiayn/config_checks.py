@@ -1,13 +1,11 @@
 """The checks of a `ModelConfig`'s values, each a one-line message (ModelConfig raises the
-first at construction). Here, not beside the fields, only because they are many.
+first at construction). Here, not beside the fields, only because they are many; a foundation
+below `aiayn.config`, importing nothing of aiayn.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from aiayn.config import ModelConfig
+from typing import Any
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "positional": ("sinusoidal", "learned", "rope", "alibi", "none"),
@@ -24,8 +22,9 @@ def _choose(options: tuple[str, ...]) -> str:
     return ", ".join(quoted[:-1]) + " or " + quoted[-1]
 
 
-def model_problems(cfg: ModelConfig) -> list[str]:
-    """Every value of `cfg` that no model can be built from, as one-line messages."""
+def model_problems(cfg: Any) -> list[str]:
+    """Every value of `cfg` (a ModelConfig: not imported, since it imports this) that no model
+    can be built from, as one-line messages."""
     problems = [
         f"{name}={getattr(cfg, name)!r}: choose {_choose(options)}"
         for name, options in CHOICES.items()
