@@ -33,7 +33,7 @@ PAGE_FORMAT = "aiayn.classify_page/1"
 MAX_PAGE_NUMBERS = 2_000_000
 DECIMALS = 4  # what the page shows; the numbers are rounded to it
 CONFIG_KEYS = ("d_model", "n_heads", "n_layers", "d_ff", "vocab_size", "norm", "positional",
-               "pooling", "pooler", "embed_norm", "n_classes")  # fmt: skip
+               "pooling", "pooler", "embed_norm", "n_classes", "differs")  # fmt: skip
 
 
 def classify_page_json(

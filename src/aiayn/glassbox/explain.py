@@ -22,9 +22,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from aiayn.config import DecodeConfig, ModelConfig
+from aiayn.config import DecodeConfig
 from aiayn.errors import AiaynError
 from aiayn.glassbox.explanation import (
+    KV_LEAVES,
     PER_HEAD,
     BeamCandidate,
     BeamHypothesis,
@@ -33,9 +34,12 @@ from aiayn.glassbox.explanation import (
     Entry,
     Explanation,
     StepChoice,
+    describe,
     stable_name,
 )
+from aiayn.glassbox.switches import differs, kv_note, ring_labels, summary
 from aiayn.nn.model import Transformer, _ModelBase
+from aiayn.nn.positions import alibi_slopes
 from aiayn.nn.tracing import Trace, TraceTooLargeError, tracing
 from aiayn.search.decode import beam_search, greedy_search, sample_search
 from aiayn.search.limits import max_output_lengths, output_cap
@@ -57,25 +61,57 @@ def _add(
     """Turn the recorder's raw tensors into labelled entries (per head for (B, H, T, K) ones).
 
     `queries` label the rows of the stream (starting at position `t`), `keys` the keys of each
-    kind of attention (starting at position 0).
+    kind of attention (starting at position 0). K and V with J < H heads (grouped-query) are
+    filed under every query head, as the shared K/V head that query head reads.
     """
+    c = out.config
+    n_heads = int(c["n_heads"])  # type: ignore[call-overload]
     for model_name, x in raw.items():
         x = x.cpu()  # what is shown (tables, JSON, pictures) is read on the CPU
         name = stable_name(model_name)
         base, _, leaf = name.rpartition(".")
+        attn = base.rsplit(".", 1)[-1]  # self_attn | cross_attn (for attention's leaves)
+        about = describe(name, c)
         if leaf in PER_HEAD:
-            attn = base.rsplit(".", 1)[-1]  # self_attn | cross_attn
-            key_rows = keys[attn]
-            for h in range(x.size(1)):
+            x_HR = x if leaf == "alibi_bias" else x[0]  # ALiBi's (H, T, S) has no batch
+            n_keys = x_HR.size(1) if leaf in KV_LEAVES else x_HR.size(-1)  # (n, S, K) | (n, T, S)
+            key_rows = _key_labels(out, keys[attn], n_keys, t, attn)
+            n = x_HR.size(0)
+            ring = key_rows is not keys[attn]  # rows of K/V labelled by their slots' positions
+            # a step's new key before QK-norm or RoPE: its own position's, not the cache's
+            new_key = leaf in ("k_raw", "k_unrotated") and attn == "self_attn"
+            for h in range(n_heads if leaf in KV_LEAVES else n):
                 out_leaf = "output" if leaf == "heads" else leaf
-                cols = key_rows if leaf.startswith(("scores", "weights")) else None
+                cols = key_rows if leaf.startswith(("scores", "weights", "alibi")) else None
                 full = f"{base}.head{h + 1}.{out_leaf}"
-                rows, start = (key_rows, 0) if leaf in ("k", "v") else (queries, t)
-                out.entries[full] = Entry(full, x[0, h], rows, cols, start)
+                keyed = leaf in KV_LEAVES and not new_key
+                rows, start = (key_rows, 0) if keyed else (queries, t)
+                head_about = describe(full, c)
+                j = h // (n_heads // n) if n < n_heads else h
+                if n < n_heads:  # grouped-query: the shared K/V head this query head reads
+                    head_about += f"; {kv_note(h + 1, n_heads, n)}"
+                if leaf == "alibi_bias":
+                    head_about += f"; m_{h + 1} = {float(alibi_slopes(n_heads)[h]):.6g}"
+                numbered = not (ring and keyed)
+                out.entries[full] = Entry(full, x_HR[j], rows, cols, start, head_about, numbered)
+        elif leaf == "band_mask":  # (T, S): which keys each query may see
+            key_rows = _key_labels(out, keys[attn], x.size(-1), t, attn)
+            out.entries[name] = Entry(name, x, queries, key_rows, t, about)
+        elif leaf in ("rope_cos", "rope_sin"):  # (T, K), or (B, 1, T, K) with per-row starts
+            out.entries[name] = Entry(name, x if x.dim() == 2 else x[0, 0], queries, None, t, about)
         elif x.dim() == 3:  # (B, T, D)
-            out.entries[name] = Entry(name, x[0], queries, None, t)
+            out.entries[name] = Entry(name, x[0], queries, None, t, about)
         else:  # positions: (T, D), no batch dimension
-            out.entries[name] = Entry(name, x, queries, None, t)
+            out.entries[name] = Entry(name, x, queries, None, t, about)
+
+
+def _key_labels(out: Explanation, pieces: list[str], n_keys: int, t: int, attn: str) -> list[str]:
+    """The keys' labels: `pieces`, or, when a window's ring cache holds the keys (a decoding
+    step reading W slots, not the t + 1 positions fed), each slot's position and piece."""
+    window = int(out.config.get("attn_window") or 0)  # type: ignore[call-overload]
+    if attn != "self_attn" or not window or n_keys == len(pieces):
+        return pieces
+    return ring_labels(t, window, n_keys, pieces)
 
 
 def _check(model: object, tok: Tokenizer) -> Transformer:
@@ -360,18 +396,9 @@ def _config_summary(model: _ModelBase) -> dict[str, object]:
         "norm": "pre-LN" if cfg.norm_first else "post-LN (paper)",
         "positional": cfg.positional,
         "embedding_scale": math.sqrt(cfg.d_model),
-        "differs": ", ".join(_differs(cfg)),  # from the paper; "" for the paper's model
+        "differs": ", ".join(differs(cfg)),  # from the paper; "" for the paper's model
+        **summary(cfg),  # the switches (norm_type, activation, kv_heads, attn_window...)
     }
-
-
-def _differs(cfg: ModelConfig) -> list[str]:
-    """Where the model differs from the paper (an imported Marian model: all three)."""
-    options = [
-        (cfg.activation != "relu", f"{cfg.activation} FFN"),
-        (cfg.positional_layout == "halves", "sines then cosines (halves)"),
-        (cfg.logits_bias, "bias on the logits"),
-    ]
-    return [text for differs, text in options if differs]
 
 
 def greedy_translate(

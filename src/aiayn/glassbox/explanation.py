@@ -10,6 +10,10 @@ Stable names (docs/explain.md has the full list):
     encoder.{l}.residual1 | norm1 | ffn.hidden | ffn.output | residual2 | norm2
     step{t}.decoder.embed.* / step{t}.decoder.{l}.self_attn.* / .cross_attn.* / residual3 / norm3
     step{t}.logits | step{t}.probs                  the generator at decoding step t
+A model with switches after the paper (aiayn.glassbox.switches) adds, per attention:
+    .rope_cos | .rope_sin | .band_mask, and per head .q_raw | .k_raw (QK-norm),
+    .q_unrotated | .k_unrotated (RoPE), .alibi_bias; per FFN .ffn.gate | .ffn.up (gated).
+    With J < h K/V heads, head{h}.k / .v hold the shared K/V head query head h reads.
 Layers count from 0 like the module paths (`encoder.layers.0`); heads count from 1 like the
 paper's head_1..head_h.
 """
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from aiayn.glassbox.distribution import NextTokenDistribution
+from aiayn.glassbox.switches import switch_description
 from aiayn.search.hypothesis import Hypothesis
 
 # One line per leaf name: what the tensor is, in the paper's terms.
@@ -54,7 +59,9 @@ DESCRIPTIONS: dict[str, str] = {
     "next.logits": "the last position's logits: scores of the token after the prompt",
     "next.probs": "softmax of the last position's logits: the next-token distribution",
 }
-PER_HEAD = ("q", "k", "v", "scores", "scores_scaled", "scores_masked", "weights", "heads")
+PER_HEAD = ("q_raw", "k_raw", "q_unrotated", "k_unrotated", "q", "k", "v", "alibi_bias",
+            "scores", "scores_scaled", "scores_masked", "weights", "heads")  # fmt: skip
+KV_LEAVES = ("k_raw", "k_unrotated", "k", "v")  # J heads: shared by h / J query heads each
 # step{t}. decoder|encoder . {l}|embed . [self_attn|cross_attn . [head{h} .]] leaf
 NAME_RE = re.compile(
     r"^(?:step(?P<step>\d+)\.)?(?P<stack>encoder|decoder)\.(?P<layer>\d+|embed)\."
@@ -75,10 +82,12 @@ class Entry:
     rows: list[str]
     cols: list[str] | None = None
     row_start: int = 0  # position of the first row (a decoding step's query is at position t)
+    about: str = ""  # the description, when the model's switches or the entry add to it
+    numbered: bool = True  # rows are positions row_start, row_start + 1...; False: as labelled
 
     @property
     def description(self) -> str:
-        return describe(self.name)
+        return self.about or describe(self.name)
 
 
 @dataclass
@@ -180,8 +189,9 @@ class Explanation:
         return list(self.entries)
 
 
-def describe(name: str) -> str:
-    """The one-line description of a stable name (empty when unknown)."""
+def describe(name: str, config: dict[str, object] | None = None) -> str:
+    """The one-line description of a stable name (empty when unknown), in the words of the
+    model's `config` (a trace's summary: RMSNorm, RoPE, ALiBi...) when given."""
     if name in DESCRIPTIONS:  # next.logits, next.probs
         return DESCRIPTIONS[name]
     m = NAME_RE.match(name)
@@ -190,6 +200,9 @@ def describe(name: str) -> str:
         leaf = f"embed.{leaf}"
     if m and m.group("attn") and not m.group("head") and leaf == "output":
         leaf = "attn_output"
+    switched = switch_description(leaf, m.group("attn") if m else None, config or {})
+    if switched is not None:
+        return switched
     return DESCRIPTIONS.get(leaf, "")
 
 

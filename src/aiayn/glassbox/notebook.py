@@ -27,6 +27,7 @@ from torch import Tensor
 
 from aiayn.glassbox.colours import colour
 from aiayn.glassbox.explanation import BeamTrace, Explanation
+from aiayn.glassbox.switches import norm_name
 from aiayn.search.hypothesis import LENGTH_PENALTY_FORMULAS
 
 CELL = 14  # pixels per vector element
@@ -200,6 +201,11 @@ def _stages(
     """[(stage title, [(label, shape, stable name, row)])]: the chain of one position."""
     enc = step is None
     pre, r = ("encoder", int(source or 0)) if enc else (f"step{step}.decoder", 0)
+    norm = norm_name(ex.config)  # LayerNorm, or RMSNorm
+    act = str(ex.config.get("activation", "relu"))
+    hidden = {"relu": "max(0, x W₁ + b₁)", "swiglu": "gate ⊙ up", "geglu": "gate ⊙ up"}.get(
+        act, f"{act}(x W₁ + b₁)"
+    )
     out = [
         (
             "Input embedding and positional encoding (§3.4, §3.5)",
@@ -218,13 +224,25 @@ def _stages(
     for sub, (attn, title) in enumerate(blocks, start=1):
         p, hp = f"{pre}.{layer}.{attn}", f"{pre}.{layer}.{attn}.head{head}"
         kv = f"step0.decoder.{layer}.cross_attn.head{head}" if attn == "cross_attn" else hp
-        rows: list[tuple[str, str, str, int]] = [("Q = x W^Q", "1 × d_k", f"{hp}.q", r)]
+        # the switches' intermediates (QK-norm, RoPE): drawn where the model has them
+        new_k = kv if attn == "cross_attn" else hp  # a step's self-attention: its new key
+        rows: list[tuple[str, str, str, int]] = [
+            ("x W^Q before QK-norm", "1 × d_k", f"{hp}.q_raw", r),
+            ("K before QK-norm", "1 × d_k", f"{new_k}.k_raw", r),
+            ("Q before RoPE", "1 × d_k", f"{hp}.q_unrotated", r),
+            ("K before RoPE", "1 × d_k", f"{new_k}.k_unrotated", r),
+            ("RoPE cos", "1 × d_k", f"{p}.rope_cos", r),
+            ("RoPE sin", "1 × d_k", f"{p}.rope_sin", r),
+            ("Q = x W^Q", "1 × d_k", f"{hp}.q", r),
+        ]
         for leaf in ("k", "v"):
             n_keys = ex.entries[f"{kv}.{leaf}"].value.size(0) if f"{kv}.{leaf}" in ex.entries else 0
             rows += [
                 (f"{leaf.upper()} row {i}", "n × d_k", f"{kv}.{leaf}", i) for i in range(n_keys)
             ]
         rows += [
+            ("window: 1 = may attend", "1 × n", f"{p}.band_mask", r),
+            ("ALiBi bias", "1 × n", f"{hp}.alibi_bias", r),
             ("scores Q Kᵀ", "1 × n", f"{hp}.scores", r),
             ("Q Kᵀ / √d_k", "1 × n", f"{hp}.scores_scaled", r),
             ("+ mask", "1 × n", f"{hp}.scores_masked", r),
@@ -233,7 +251,7 @@ def _stages(
             ("Concat(head_1..head_h)", "1 × h·d_k", f"{p}.concat", r),
             ("· W^O + b^O", "1 × d_model", f"{p}.output", r),
             ("x + Sublayer(x)", "1 × d_model", f"{pre}.{layer}.residual{sub}", r),
-            ("LayerNorm", "1 × d_model", f"{pre}.{layer}.norm{sub}", r),
+            (norm, "1 × d_model", f"{pre}.{layer}.norm{sub}", r),
         ]
         out.append((f"Layer {layer}: {title}, head {head} (§3.2)", rows))
     sub = len(blocks) + 1
@@ -241,10 +259,12 @@ def _stages(
         (
             f"Layer {layer}: feed-forward network (§3.3)",
             [
-                ("max(0, x W₁ + b₁)", "1 × d_ff", f"{pre}.{layer}.ffn.hidden", r),
+                ("gate: act(x W₁)", "1 × d_ff", f"{pre}.{layer}.ffn.gate", r),
+                ("up: x W₃", "1 × d_ff", f"{pre}.{layer}.ffn.up", r),
+                (hidden, "1 × d_ff", f"{pre}.{layer}.ffn.hidden", r),
                 ("· W₂ + b₂", "1 × d_model", f"{pre}.{layer}.ffn.output", r),
                 ("x + FFN(x)", "1 × d_model", f"{pre}.{layer}.residual{sub}", r),
-                ("LayerNorm", "1 × d_model", f"{pre}.{layer}.norm{sub}", r),
+                (norm, "1 × d_model", f"{pre}.{layer}.norm{sub}", r),
             ],
         )
     )
@@ -305,8 +325,8 @@ class ForwardPassView:
                 cols = e.cols or [f"d{j}" for j in range(row.numel())]
                 unit = name.endswith(("weights", "probs"))
                 extra = ""
-                if name.endswith("ffn.hidden"):  # "(ReLU)" unless an imported model's differs
-                    relu = "FFN" not in str(ex.config.get("differs", ""))
+                if name.endswith("ffn.hidden"):  # "(ReLU)" unless the model has another
+                    relu = ex.config.get("activation", "relu") == "relu"
                     extra = f"   {int((row == 0).sum())} of {row.numel()} are 0"
                     extra += " (ReLU)" if relu else ""
                 finite = row[row.isfinite()].double()

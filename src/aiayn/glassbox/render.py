@@ -15,10 +15,16 @@ from dataclasses import dataclass
 
 from aiayn.errors import AiaynError
 from aiayn.glassbox.explanation import NAME_RE, BeamTrace, Entry, Explanation
+from aiayn.glassbox.switches import architecture
 from aiayn.search.hypothesis import LENGTH_PENALTY_FORMULAS
 
 MAX_INDICES = 10_000  # more layers, heads or steps than any model has
-HEAD_LEAVES = ("q", "k", "v", "scores", "scores_scaled", "scores_masked", "weights", "output")
+# A head's intermediates in the order they are computed; the switches' (QK-norm's raw Q and K,
+# RoPE's unrotated ones, ALiBi's bias) are there only in a model that has them.
+HEAD_LEAVES = ("q_raw", "k_raw", "q_unrotated", "k_unrotated", "q", "k", "v", "alibi_bias",
+               "scores", "scores_scaled", "scores_masked", "weights", "output")  # fmt: skip
+# One per attention, before its heads: RoPE's angles, the window's mask.
+ATTENTION_LEAVES = ("rope_cos", "rope_sin", "band_mask")
 SEARCH_NAME = {"greedy": "greedy translation", "sample": "sampled translation"}
 CHOSEN = {"greedy": "greedy: the most probable", "sample": "sampled"}
 STEP_TOP_RE = re.compile(r"^step(\d+)\.(?:logits|probs)$")  # the generator at step t
@@ -85,13 +91,14 @@ def parse_indices(text: str | None) -> tuple[int, ...] | None:
 
 
 def _attention_block(prefix: str, n_heads: int) -> list[str]:
-    names = [f"{prefix}.head{h}.{leaf}" for h in range(1, n_heads + 1) for leaf in HEAD_LEAVES]
+    names = [f"{prefix}.{leaf}" for leaf in ATTENTION_LEAVES]
+    names += [f"{prefix}.head{h}.{leaf}" for h in range(1, n_heads + 1) for leaf in HEAD_LEAVES]
     return [*names, f"{prefix}.concat", f"{prefix}.output"]
 
 
 def _layer(stack: str, layer: int, n_heads: int) -> list[str]:
     p = f"{stack}.{layer}"
-    ffn = [f"{p}.ffn.hidden", f"{p}.ffn.output"]
+    ffn = [f"{p}.ffn.{leaf}" for leaf in ("gate", "up", "hidden", "output")]  # gate, up: gated
     if stack == "encoder":
         sub = [_attention_block(f"{p}.self_attn", n_heads), ffn]
     else:
@@ -165,6 +172,8 @@ def _table(entry: Entry, view: View) -> list[str]:
                 format_number(float(norms[r]), view.precision)
             ]
     labels = [f"{entry.row_start + i}:{p}" for i, p in enumerate(entry.rows)]
+    if not entry.numbered:  # a ring cache's slots: each label says its position
+        labels = list(entry.rows)
     if len(labels) != n_rows:
         labels = [str(i) for i in range(n_rows)]
     w0 = max(len(s) for s in labels)
@@ -203,8 +212,7 @@ def to_text(trace: Explanation, view: View | None = None) -> str:
     out = [
         "aiayn explain: one sentence through the Transformer, every intermediate named",
         f"model: d_model={c['d_model']} h={c['n_heads']} d_k={c['d_k']} N={c['n_layers']} "
-        f"d_ff={c['d_ff']} vocab={c['vocab_size']}, {c['norm']}, {c['positional']} positions"
-        + (f", {c['differs']}" if c.get("differs") else ""),
+        f"d_ff={c['d_ff']} vocab={c['vocab_size']}, {architecture(c)}",
         f"source: {trace.source}",
         f"{SEARCH_NAME[trace.search]}: {trace.translation}",
         f"showing layers {_which(view.layers)}, heads {_which(view.heads)}, decoding steps "

@@ -20,6 +20,7 @@ from aiayn.glassbox.explain_cls import ROLLOUT_NOTE, SALIENCY_NOTE, ClassifierEx
 from aiayn.glassbox.explanation import Entry
 from aiayn.glassbox.render import View, _layer, _which, entry_lines, token_lines
 from aiayn.glassbox.render_lm import tensor_json
+from aiayn.glassbox.switches import architecture
 
 FORMAT = "aiayn.explain_cls/1"
 BAR = 12  # characters a full bar takes, each side of a signed bar
@@ -159,13 +160,12 @@ def cls_to_text(exp: ClassifierExplanation, view: View | None = None, ansi: bool
     extras = [f"{c['pooling']} pooling"]
     extras += ["pooler"] if c["pooler"] else []
     extras += ["embedding LayerNorm"] if c["embed_norm"] else []
-    extras += [str(c["differs"])] if c.get("differs") else []
     p = view.precision
     out = [
         "aiayn explain: a text through the encoder-only classifier, every intermediate named",
         f"model: EncoderClassifier d_model={c['d_model']} h={c['n_heads']} d_k={c['d_k']} "
-        f"N={c['n_layers']} d_ff={c['d_ff']} vocab={c['vocab_size']}, {c['norm']}, "
-        f"{c['positional']} positions, {', '.join(extras)}",
+        f"N={c['n_layers']} d_ff={c['d_ff']} vocab={c['vocab_size']}, {', '.join(extras)}, "
+        f"{architecture(c)}",
         f"classes: {', '.join(exp.labels)}",
         f"text: {exp.text}" + ("  (cut to the model's positions)" if exp.cut else ""),
         f"prediction: {exp.labels[exp.predicted]} (p = {float(exp.probs[exp.predicted]):.{p}f})",

@@ -10,6 +10,7 @@ import json
 from aiayn.glassbox.colours import colour
 from aiayn.glassbox.explanation import BeamTrace, Entry, Explanation
 from aiayn.glassbox.render import SEARCH_NAME, View, beam_text, format_number, sections, top_k_lines
+from aiayn.glassbox.switches import architecture
 
 _CSS = """body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;font:12px ui-monospace,monospace;margin:.3em 0 1em}
@@ -76,7 +77,8 @@ def to_html(trace: Explanation, view: View | None = None) -> str:
         f"{esc(trace.source)}</title><style>{_CSS}</style></head><body>",
         f"<h1>aiayn explain</h1><p>source: <b>{esc(trace.source)}</b><br>"
         f"{SEARCH_NAME[trace.search]}: "
-        f"<b>{esc(trace.translation)}</b></p><pre>{esc(json.dumps(trace.config))}</pre>",
+        f"<b>{esc(trace.translation)}</b><br>model: {esc(architecture(trace.config))}</p>"
+        f"<pre>{esc(json.dumps(trace.config))}</pre>",
         token_table_html(trace),
     ]
     for title, entries, step in sections(trace, view):

@@ -24,6 +24,7 @@ from aiayn.glassbox.render import (
     top_k_lines,
 )
 from aiayn.glassbox.render_html import _CSS, entry_html, token_table_html
+from aiayn.glassbox.switches import architecture
 
 GENERATION = {"greedy": "greedy continuation", "sample": "sampled continuation"}
 CAUSAL_NOTE = (
@@ -61,8 +62,7 @@ def lm_to_text(trace: Explanation, view: View | None = None) -> str:
     out = [
         "aiayn explain: a prompt through the decoder-only language model, every intermediate named",
         f"model: DecoderLM d_model={c['d_model']} h={c['n_heads']} d_k={c['d_k']} "
-        f"N={c['n_layers']} d_ff={c['d_ff']} vocab={c['vocab_size']}, {c['norm']}, "
-        f"{c['positional']} positions" + (f", {c['differs']}" if c.get("differs") else ""),
+        f"N={c['n_layers']} d_ff={c['d_ff']} vocab={c['vocab_size']}, {architecture(c)}",
         f"prompt: {trace.source}",
         f"{GENERATION[trace.search]}: {trace.translation}",
         f"showing layers {_which(view.layers)}, heads {_which(view.heads)}; first "
@@ -152,7 +152,8 @@ def lm_to_html(trace: Explanation, view: View | None = None) -> str:
         f"<!doctype html><html><head><meta charset='utf-8'><title>aiayn explain (LM): "
         f"{esc(trace.source)}</title><style>{_CSS}</style></head><body>",
         f"<h1>aiayn explain: language model</h1><p>prompt: <b>{esc(trace.source)}</b><br>"
-        f"{search}: <b>{esc(trace.translation)}</b></p><pre>{esc(json.dumps(trace.config))}</pre>",
+        f"{search}: <b>{esc(trace.translation)}</b><br>model: {esc(architecture(trace.config))}"
+        f"</p><pre>{esc(json.dumps(trace.config))}</pre>",
         f"<p>{esc(CAUSAL_NOTE)}</p>",
         token_table_html(trace),
     ]
