@@ -268,6 +268,25 @@ def test_cli_alibi_classifier_and_language_model(tok, tmp_path, capsys):
     assert "decoder.1.self_attn.head4.alibi_bias" in html_out.read_text()
 
 
+def test_the_notebook_views_of_a_switched_translator(tok):
+    """ForwardPassView draws the new intermediates; AttentionView puts a ring cache's slots
+    back at the positions they hold (row t: the window's W keys, summing to 1)."""
+    from aiayn.glassbox.explain import explain
+    from aiayn.glassbox.notebook import AttentionView, ForwardPassView
+
+    torch.manual_seed(0)
+    ex = explain(Transformer(config(tok, **SWITCHED)).eval(), tok, "the fox", max_len=7)
+    page = ForwardPassView(ex, 1, 3, step=6)._repr_html_()
+    for leaf in ("self_attn.head3.q_raw", "self_attn.head3.k_unrotated", "self_attn.rope_sin",
+                 "self_attn.band_mask", "ffn.gate", "ffn.up"):  # fmt: skip
+        assert f"step6.decoder.1.{leaf}" in page, leaf
+    assert "RMSNorm" in page and "gate ⊙ up" in page
+    w = AttentionView(ex, "dec_self", 1, 2).value
+    weights = ex["step6.decoder.1.self_attn.head2.weights"][0]  # slots hold 4, 5, 6, 3
+    assert torch.equal(w[6, 3:7], weights[[3, 0, 1, 2]]) and float(w[6, :3].abs().sum()) == 0
+    assert torch.allclose(w.sum(1), torch.ones(len(ex.steps)), atol=1e-6)
+
+
 # --- the live pages, in headless Chromium ---------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from aiayn.glassbox.colours import colour
 from aiayn.glassbox.explanation import BeamTrace, Explanation
-from aiayn.glassbox.switches import norm_name
+from aiayn.glassbox.switches import norm_name, ring_positions
 from aiayn.search.hypothesis import LENGTH_PENALTY_FORMULAS
 
 CELL = 14  # pixels per vector element
@@ -182,11 +182,17 @@ class AttentionView(MatrixView):
             attn = "cross_attn" if kind == "cross" else "self_attn"
             n_keys = len(ex.src_pieces) if kind == "cross" else len(fed)
             w = torch.zeros(len(ex.steps), n_keys)
+            window = int(ex.config.get("attn_window") or 0)  # type: ignore[call-overload]
             for s in ex.steps:  # step t has t + 1 keys in decoder self-attention
                 one = torch.stack(
                     [ex[f"step{s.t}.decoder.{layer}.{attn}.head{h}.weights"][0] for h in heads]
                 ).mean(0)
-                w[s.t, : one.numel()] = one
+                if kind == "dec_self" and window and one.numel() != s.t + 1:  # a ring's slots
+                    for slot, col in enumerate(ring_positions(s.t, window, one.numel())):
+                        if col >= 0:
+                            w[s.t, col] = one[slot]
+                else:
+                    w[s.t, : one.numel()] = one
             rows, cols = (
                 [s.chosen_piece for s in ex.steps],
                 ex.src_pieces if kind == "cross" else fed,

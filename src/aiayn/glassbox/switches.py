@@ -174,11 +174,13 @@ def kv_note(h: int, n_heads: int, n_kv: int) -> str:
     )
 
 
+def ring_positions(t: int, window: int, slots: int) -> list[int]:
+    """The position each slot of a window's ring cache holds at decoding step t (the query at
+    position t): slot s holds t - (t - s) mod W (KVCache's layout); < 0: not written yet."""
+    return [t - (t - s) % window for s in range(slots)]
+
+
 def ring_labels(t: int, window: int, slots: int, pieces: list[str]) -> list[str]:
-    """Labels of a window's ring cache at decoding step t (the query at position t): slot s
-    holds position t - (t - s) mod W, "pos:piece"; "-" for a slot not written yet."""
-    out = []
-    for s in range(slots):
-        col = t - (t - s) % window
-        out.append(f"{col}:{pieces[col]}" if 0 <= col < len(pieces) else "-")
-    return out
+    """Labels of a ring cache's slots at step t: "pos:piece"; "-" for a slot not written yet."""
+    cols = ring_positions(t, window, slots)
+    return [f"{c}:{pieces[c]}" if 0 <= c < len(pieces) else "-" for c in cols]
