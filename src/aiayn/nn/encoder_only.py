@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.nn.embeddings import Embeddings
-from aiayn.nn.model import Encoder, _ModelBase
+from aiayn.nn.model import GATES, Encoder, _ModelBase, check_encoder_positions
 from aiayn.nn.packed import encode_packed, skips_padding
 from aiayn.nn.tracing import tap
 from aiayn.runtime.kernels import ACTIVATIONS, Linear
@@ -36,12 +36,19 @@ def pool(x_BSD: Tensor, keep_BS: Tensor, how: str) -> Tensor:
     return (x_BSD * keep_BS1).sum(1) / keep_BS1.sum(1).clamp(min=1.0)
 
 
+def head_activation(activation: str) -> str:
+    """The MLM head's activation: its one dense layer has no gate and no square, so a gated
+    FFN's head takes the gate's activation (swiglu: swish, geglu: gelu) and relu2's the ReLU."""
+    return {"relu2": "relu", **GATES}.get(activation, activation)
+
+
 class EncoderClassifier(_ModelBase):
     """The encoder stack, a pooled sentence vector, and a linear layer over `n_classes`
     (BERT's sequence classification). `labels` names the classes, in the order of the logits."""
 
     def __init__(self, cfg: ModelConfig, n_classes: int, labels: list[str] | None = None) -> None:
         super().__init__()
+        check_encoder_positions(cfg)
         if n_classes < 2:
             raise ValueError(f"n_classes must be at least 2, got {n_classes}")
         names = [str(i) for i in range(n_classes)] if labels is None else list(labels)
@@ -94,6 +101,7 @@ class EncoderMLM(_ModelBase):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        check_encoder_positions(cfg)
         self.cfg = cfg
         tokens = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         self.embed = Embeddings(cfg, tokens)
@@ -113,7 +121,7 @@ class EncoderMLM(_ModelBase):
         keep_BT = ids_BT != self.cfg.pad_id
         x_BTD = self.encoder(self.embed(ids_BT), keep_BT[:, None, None, :])
         h = x_BTD if where_BT is None else x_BTD[where_BT]
-        h = self.head_norm(ACTIVATIONS[self.cfg.activation](self.head(h)))
+        h = self.head_norm(ACTIVATIONS[head_activation(self.cfg.activation)](self.head(h)))
         logits = self.generator(h)
         tap("generator.logits", logits)
         return logits

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
+from aiayn.errors import ConfigError
 from aiayn.nn.attention import MultiHeadAttention
 from aiayn.nn.embeddings import Embeddings
 from aiayn.nn.kv_cache import KVCache, Memory, self_capacity
@@ -275,6 +276,18 @@ class AttentionMaps:
 # --- the model ------------------------------------------------------------------------------------
 
 
+def check_encoder_positions(cfg: ModelConfig) -> None:
+    """Refuse `positional="none"` for a model with an encoder: a decoder-only model's causal
+    mask tells its positions apart (each sees a different prefix), an encoder's attention is
+    symmetric in its inputs, so without positions it cannot tell "dog bites man" from "man
+    bites dog"."""
+    if cfg.positional == "none":
+        raise ConfigError(
+            "ModelConfig: positional='none' is for a decoder-only model: an encoder without "
+            "positions sees its input as a bag of tokens"
+        )
+
+
 class _ModelBase(nn.Module):
     """Input checks, initialisation and trace names, shared by all heads (aiayn.store.model_dir
     saves and loads them: `save_model_dir`, `load_model_dir`)."""
@@ -351,6 +364,7 @@ class Transformer(_ModelBase):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        check_encoder_positions(cfg)
         self.cfg = cfg
         src_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         tgt_tokens = (
