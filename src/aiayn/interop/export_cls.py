@@ -26,7 +26,7 @@ from aiayn.atomic import check_new_dir
 from aiayn.classify.classifier import BATCH_TOKENS, Classifier
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
 from aiayn.interop.export_dir import write_export
-from aiayn.interop.export_onnx import OPSET, _export, import_onnxruntime
+from aiayn.interop.export_onnx import OPSET, _export, example_length, import_onnxruntime
 from aiayn.nn.encoder_only import EncoderClassifier
 from aiayn.runtime.device import choose_precision
 from aiayn.store.directory import ModelDir, open_model_dir
@@ -42,8 +42,7 @@ def export_cls_graph(model: EncoderClassifier, path: Path) -> None:
     cfg = model.cfg
     Dim = torch.export.Dim
     batch, length = Dim("batch"), Dim("sequence_length", max=cfg.max_len)
-    # Example sizes above 1: the exporter specialises dimensions it sees as 0 or 1.
-    B, S = 2, min(5, cfg.max_len)
+    B, S = 2, example_length(cfg)  # above 1, and the band-mask path with a window
     ids_BS = torch.full((B, S), cfg.eos_id, dtype=torch.long)
     ids_BS[:, 0] = cfg.bos_id
     ids_BS[1, -1] = cfg.pad_id

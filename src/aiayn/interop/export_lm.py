@@ -2,12 +2,15 @@
 and generate with it through aiayn's own search (docs/export.md, "A language model").
 
     model.onnx   input_ids (B, T), attention_mask (B, P+T), position_ids (B, T),
-                 past_key_values.{i}.key, past_key_values.{i}.value (B, H, P, K)
-                 ->  logits (B, T, V), present.{i}.key, present.{i}.value (B, H, P+T, K)
+                 past_key_values.{i}.key, past_key_values.{i}.value (B, J, P, K)
+                 ->  logits (B, T, V), present.{i}.key, present.{i}.value (B, J, P+T, K)
 
 The names and layout are Hugging Face Optimum's and ONNX Runtime GenAI's for a decoder with
 past (`decoder_model_merged`): one graph for the prompt (P = 0) and for every step after it,
 `present` = past + the new positions, `attention_mask` 1 for real columns, 0 for left padding.
+J is the K/V heads (`kv_heads`; the paper's J = H). A table of positions reads `position_ids`;
+RoPE and ALiBi read the columns (column - the row's first real column, from the mask), as
+aiayn's decoding steps do; a window's band is over the whole past (exact, not a ring).
 Batch, new length and past length are dynamic. The graph is traced from aiayn's own modules
 (`Encoder.step` over a cache that concatenates instead of writing in place), as the
 translator's graphs are (`aiayn.interop.export_onnx`).
@@ -31,7 +34,7 @@ from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.generate.generator import Generator
 from aiayn.interop.export_dir import write_export
-from aiayn.interop.export_onnx import OPSET, _export, import_onnxruntime
+from aiayn.interop.export_onnx import OPSET, _export, embed_at, import_onnxruntime
 from aiayn.nn.kv_cache import KVCache, Memory
 from aiayn.nn.variants import DecoderLM, PromptMemory
 from aiayn.store.directory import ModelDir
@@ -61,12 +64,12 @@ class _PresentCache(KVCache):
     present: list[Tensor] = field(default_factory=list)
 
     def append_self(
-        self, layer: int, k_BHTK: Tensor, v_BHTK: Tensor
+        self, layer: int, k_BJTK: Tensor, v_BJTK: Tensor
     ) -> tuple[Tensor, Tensor, None]:
-        k_BHCK = torch.cat([self.self_k[layer], k_BHTK], 2)
-        v_BHCK = torch.cat([self.self_v[layer], v_BHTK], 2)
-        self.present += [k_BHCK, v_BHCK]
-        return k_BHCK, v_BHCK, None
+        k_BJCK = torch.cat([self.self_k[layer], k_BJTK], 2)
+        v_BJCK = torch.cat([self.self_v[layer], v_BJTK], 2)
+        self.present += [k_BJCK, v_BJCK]
+        return k_BJCK, v_BJCK, None
 
 
 class DecoderLMGraph(nn.Module):
@@ -79,18 +82,19 @@ class DecoderLMGraph(nn.Module):
     def forward(
         self, ids_BT: Tensor, mask_BC: Tensor, pos_BT: Tensor, past: list[Tensor]
     ) -> tuple[Tensor, list[Tensor]]:
-        embed = self.model.embed
-        # Embeddings.forward with a position per token (left padding: < 0, clamped as
-        # Embeddings.at does; no real position sees it)
-        table_PD = embed.learned.weight if embed.learned is not None else embed.pe
-        x_BTD = embed.tokens(ids_BT) * embed.scale + table_PD[pos_BT.clamp(min=0)]
+        x_BTD = embed_at(self.model.embed, ids_BT, pos_BT)
         T, C = ids_BT.size(1), mask_BC.size(1)
         # A real column is seen by the queries after it (the layer adds causality); each query
         # sees its own column too, so a padding row attends to itself (finite, never NaN, and
         # seen by no real row), as `DecoderLM.init_cache` does.
         own_TC = torch.arange(C)[None, :] == (C - T + torch.arange(T))[:, None]
         keep_B1TC = (mask_BC[:, None, None, :] != 0) | own_TC
-        cache = _PresentCache(list(past[0::2]), list(past[1::2]), [], [])
+        # The cache says where the new columns sit (after the past) and where each row starts
+        # (its left padding): RoPE's positions and ALiBi's distances are read from them, as
+        # in aiayn's own decoding steps.
+        P = past[0].size(2)
+        start_B = (mask_BC == 0).sum(1)
+        cache = _PresentCache(list(past[0::2]), list(past[1::2]), [], [], P, start_B=start_B)
         y_BTD = self.model.decoder.step(x_BTD, cache, keep_B1TC)
         return self.model.generator(y_BTD), cache.present
 
@@ -98,7 +102,7 @@ class DecoderLMGraph(nn.Module):
 def export_lm_graph(model: DecoderLM, path: Path) -> None:
     """Write the graph of `model` to `path` (module docstring)."""
     cfg = model.cfg
-    L, H, K = cfg.n_layers, cfg.n_heads, cfg.d_k
+    L, J, K = cfg.n_layers, cfg.n_kv_heads, cfg.d_k
     Dim = torch.export.Dim
     batch, new, total = Dim("batch"), Dim("sequence_length"), Dim("total_sequence_length")
     past_len = Dim("past_sequence_length")
@@ -107,7 +111,7 @@ def export_lm_graph(model: DecoderLM, path: Path) -> None:
     ids_BT = torch.full((B, T), cfg.eos_id, dtype=torch.long)
     mask_BC = torch.ones(B, P + T, dtype=torch.long)
     pos_BT = torch.arange(P, P + T)[None].repeat(B, 1)
-    past = [torch.zeros(B, H, P, K) for _ in range(2 * L)]  # distinct tensors: distinct inputs
+    past = [torch.zeros(B, J, P, K) for _ in range(2 * L)]  # distinct tensors: distinct inputs
     _export(
         DecoderLMGraph(model.eval()),
         (ids_BT, mask_BC, pos_BT, past),
@@ -203,7 +207,7 @@ class OnnxLM:
         """A cache of the prompt's K/V (all but its last token), room for `capacity` more."""
         assert isinstance(memory, PromptMemory)
         B, S = memory.ids_BS.shape
-        shape = (B, self.cfg.n_heads, S - 1 + capacity, self.cfg.d_k)
+        shape = (B, self.cfg.n_kv_heads, S - 1 + capacity, self.cfg.d_k)
         k = [torch.zeros(shape) for _ in range(self.cfg.n_layers)]
         v = [torch.zeros(shape) for _ in range(self.cfg.n_layers)]
         cache = KVCache(k, v, [], [], 0, start_B=memory.start_B)

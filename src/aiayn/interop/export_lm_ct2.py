@@ -4,9 +4,11 @@ greedily behind aiayn's `Generator` (docs/export.md, "A language model").
 CTranslate2's `TransformerDecoderModelSpec` (the spec its GPT-2 converter builds) is the
 translator's decoder without cross-attention, and `DecoderLM` is exactly that: its layers map
 as the translator's encoder layers do (`aiayn.interop.export_ct2`), with every `ModelConfig`
-option the translator's spec takes (post-LN or pre-LN with its final LayerNorm, learned or
-sinusoidal positions written out, scaled or unscaled embeddings, a logits bias) and also GELU
-(exact or GPT-2's tanh form). The prompt is BOS + the prompt's pieces, as aiayn's.
+option the translator's spec takes (post-LN or pre-LN with its final norm, LayerNorm or
+RMSNorm, learned, sinusoidal or no positions written out, RoPE, scaled or unscaled embeddings,
+ReLU, swish, GELU, SwiGLU, GeGLU, biases or none, a logits bias, GQA/MQA) and more:
+`LM_EXPRESSIBLE` (ALiBi, a window, qk_norm). The LLaMA/Mistral block is all of them. The
+prompt is BOS + the prompt's pieces, as aiayn's.
 
 Only greedy search is offered: CTranslate2's sampling draws from its own random streams (not
 aiayn's per-row seeds), and its beam search ranks by another length penalty (engines.py).
@@ -14,7 +16,6 @@ aiayn's per-row seeds), and its beam search ranks by another length penalty (eng
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,14 +24,17 @@ from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.generate.generator import Generator
 from aiayn.interop.export_ct2 import (
+    _EXPRESSIBLE,
     QUANTIZATIONS,
     _encoder_layer,
     _linear,
     _norm,
     _np,
     _unk_token,
+    block_options,
     check_expressible,
     import_ctranslate2,
+    set_positions,
     vocabulary,
 )
 from aiayn.interop.export_dir import write_export
@@ -45,34 +49,46 @@ if TYPE_CHECKING:
     from ctranslate2.specs import TransformerDecoderModelSpec
 
 
+# What the decoder-only spec takes beyond the translator's (aiayn.interop.export_ct2): qk_norm
+# (with rmsnorm: RMS norms of each head's Q and K, before RoPE as in aiayn), ALiBi
+# (`alibi`, its slopes are aiayn's), local attention (`sliding_window`: the newest W keys of
+# its cache, aiayn's 0 <= i - j < W while decoding; longer prompts are refused when run,
+# `Ct2Generator`), and positions added by nothing ("none": a table of zeros).
+LM_EXPRESSIBLE = _EXPRESSIBLE | {
+    "positional": ("sinusoidal", "learned", "rope", "alibi", "none"),
+    "activation": ("relu", "swish", "gelu", "gelu_tanh", "swiglu", "geglu"),
+    "attn_window": None,
+    "qk_norm": (False, True),  # with rmsnorm (check_expressible): self-attention's are per head
+}
+
+
+def check_lm_expressible(cfg: ModelConfig) -> None:
+    """Raise a one-line ConfigError naming the first option the spec cannot express."""
+    check_expressible(cfg, LM_EXPRESSIBLE, "TransformerDecoderModelSpec")
+
+
 def decoder_lm_spec(model: DecoderLM, tok: Tokenizer) -> TransformerDecoderModelSpec:
     """The CTranslate2 spec of `model`, every variable set, vocabulary registered, validated."""
     ct2 = import_ctranslate2()
-    from ctranslate2.specs import common_spec, transformer_spec
+    from ctranslate2.specs import transformer_spec
 
     cfg = model.cfg
-    Act = common_spec.Activation
-    activations = {
-        "relu": Act.RELU,
-        "swish": Act.SWISH,
-        "gelu": Act.GELU,
-        "gelu_tanh": Act.GELUTanh,
-    }
-    if cfg.activation not in activations:
-        check_expressible(cfg)  # names the activation
-    check_expressible(dataclasses.replace(cfg, activation="relu"))  # every other option
+    check_lm_expressible(cfg)
     vocab = vocabulary(tok, cfg)
     spec = transformer_spec.TransformerDecoderModelSpec.from_config(
-        cfg.n_layers, cfg.n_heads, pre_norm=cfg.norm_first, activation=activations[cfg.activation]
+        cfg.n_layers,
+        cfg.n_heads,
+        alibi=cfg.positional == "alibi",  # slopes 2^(-8h/H), aiayn's (positions.alibi_slopes)
+        sliding_window=cfg.attn_window or None,
+        **block_options(cfg),
     )
     decoder, embed = spec.decoder, model.embed
     decoder.scale_embeddings = cfg.scale_embeddings  # x sqrt(d_model), §3.4
     decoder.embeddings.weight = _np(embed.tokens.weight)
-    table = embed.learned.weight if embed.learned is not None else embed.pe
-    decoder.position_encodings.encodings = _np(table)  # (max_len, D), aiayn's own table
+    set_positions(decoder, embed)
     for layer_spec, layer in zip(decoder.layer, model.decoder.layers, strict=True):
         _encoder_layer(layer_spec, layer)  # type: ignore[arg-type]  # ModuleList items
-    if cfg.norm_first:  # pre-LN: the final LayerNorm
+    if cfg.norm_first:  # pre-LN: the final norm
         assert model.decoder.norm is not None
         _norm(decoder.layer_norm, model.decoder.norm)
     _linear(decoder.projection, model.generator.weight, model.generator.bias)
@@ -186,6 +202,13 @@ class Ct2Generator(Generator):
                 "--beam and --min-len: generate with the aiayn model directory or an ONNX export)"
             )
         model: Ct2LM = self.model  # type: ignore[assignment]
+        W = model.cfg.attn_window
+        if W and max(map(len, rows)) > W:  # its prefill attends in chunks of the window
+            raise ConfigError(
+                f"the CTranslate2 export runs a prompt longer than the model's window "
+                f"(attn_window={W} positions, BOS included) in chunks, not aiayn's band: "
+                "shorten the prompt, or generate with the aiayn model directory or an ONNX export"
+            )
         # One call per prompt length: CTranslate2 runs the prompts of a call into its cache up
         # to the shortest, and feeds the rest in its decoding loop, where they count as output.
         by_length: dict[int, list[int]] = {}

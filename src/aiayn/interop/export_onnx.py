@@ -1,10 +1,12 @@
 """Export a Transformer to two ONNX graphs, and run them with ONNX Runtime (docs/export.md).
 
     encoder.onnx   src_ids (B, S)  ->  memory (B, S, D), keep (B, S),
-                                       cross_k_i, cross_v_i (B, H, S, K) for each layer i
+                                       cross_k_i, cross_v_i (B, J, S, K) for each layer i
     decoder.onnx   tokens (B, 1), position (1,), keep (B, S), cross_k_i, cross_v_i,
-                   past_k_i, past_v_i (B, H, P, K)
-                   ->  logits (B, V), new_k_i, new_v_i (B, H, 1, K)
+                   past_k_i, past_v_i (B, J, P, K)
+                   ->  logits (B, V), new_k_i, new_v_i (B, J, 1, K)
+
+(J: the K/V heads, `cfg.n_kv_heads`; the paper's J = H.)
 
 One decoder run is one decoding step with the past positions' self-attention keys and values
 ("decoder with past"); batch B, source length S and past length P are dynamic. The encoder
@@ -33,6 +35,7 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.interop.export_dir import load_source, source_architecture, write_export
+from aiayn.nn.embeddings import Embeddings
 from aiayn.nn.kv_cache import KVCache, Memory
 from aiayn.nn.model import DecoderLayer, Transformer
 
@@ -50,6 +53,26 @@ def import_onnxruntime() -> Any:
             "the ONNX engine needs the onnxruntime package: pip install 'aiayn[export]'"
         ) from None
     return onnxruntime
+
+
+def example_length(cfg: ModelConfig) -> int:
+    """The sequence length a graph is traced at: above 1 (the exporter specialises dimensions
+    it sees as 0 or 1), at most max_len, and with a window (`attn_window` W) at most 2W, so
+    that the trace takes attention's band-mask path, exact at every length, not the
+    block-by-block path aiayn's eager forward takes for sequences longer than 2W."""
+    S = min(5, cfg.max_len)
+    return max(2, min(S, 2 * cfg.attn_window)) if cfg.attn_window else S
+
+
+def embed_at(embed: Embeddings, ids_BT: Tensor, pos_BT: Tensor) -> Tensor:
+    """`Embeddings.forward` with the positions as a tensor (it takes a Python int): one per
+    token, broadcast over rows (left padding: < 0, clamped as `Embeddings.at` does; no real
+    position sees it). Positions that act in attention (RoPE, ALiBi) or none add nothing."""
+    x_BTD = embed.tokens(ids_BT) * embed.scale
+    if embed.adds_positions:
+        table_PD = embed.learned.weight if embed.learned is not None else embed.pe
+        x_BTD = x_BTD + table_PD[pos_BT.clamp(min=0)]
+    return x_BTD if embed.norm is None else embed.norm(x_BTD)
 
 
 def _names(prefix: str, n_layers: int) -> list[str]:
@@ -111,11 +134,9 @@ class DecoderStepGraph(nn.Module):
         past_k: list[Tensor],
         past_v: list[Tensor],
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        embed = self.model.tgt_embed
-        # Embeddings.forward with the position as a tensor (it takes a Python int)
-        table_PD = embed.learned.weight if embed.learned is not None else embed.pe
-        y_B1D = embed.tokens(tokens_B1) * embed.scale + table_PD.index_select(0, position_1)
-        cache = _ConcatCache(list(past_k), list(past_v), list(cross_k), list(cross_v))
+        y_B1D = embed_at(self.model.tgt_embed, tokens_B1, position_1[None, :])
+        P = past_k[0].size(2)  # the new position's column
+        cache = _ConcatCache(list(past_k), list(past_v), list(cross_k), list(cross_v), P)
         y_B1D = self.model.decoder.step(y_B1D, cache, keep_BS[:, None, None, :])
         return self.model.generator(y_B1D[:, -1]), cache.new_k, cache.new_v
 
@@ -126,28 +147,34 @@ def _export(module: nn.Module, args: tuple[Any, ...], path: Path, **kw: Any) -> 
     with warnings.catch_warnings(), torch.enable_grad():
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-        torch.onnx.export(
-            module,
-            args,
-            str(path),
-            dynamo=True,
-            opset_version=OPSET,
-            verbose=False,
-            external_data=False,
-            optimize=True,
-            **kw,
-        )
+        try:
+            torch.onnx.export(
+                module,
+                args,
+                str(path),
+                dynamo=True,
+                opset_version=OPSET,
+                verbose=False,
+                external_data=False,
+                optimize=True,
+                **kw,
+            )
+        except Exception as e:  # the exporter's own report runs to pages: its first line
+            first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+            raise ConfigError(
+                f"the torch ONNX exporter could not trace this model ({first.strip()[:200]})"
+            ) from None
 
 
 def export_graphs(model: Transformer, directory: Path) -> None:
     """Write encoder.onnx and decoder.onnx for `model` into `directory`."""
     cfg = model.cfg
-    L, H, K = cfg.n_layers, cfg.n_heads, cfg.d_k
+    L, J, K = cfg.n_layers, cfg.n_kv_heads, cfg.d_k
     Dim = torch.export.Dim
     batch, src_len = Dim("batch"), Dim("src_len", max=cfg.max_len)
     past_len = Dim("past_len", max=cfg.max_len - 1)
     # Example sizes above 1: the exporter specialises dimensions it sees as 0 or 1.
-    B, S, P = 2, min(5, cfg.max_len), min(3, cfg.max_len - 1)
+    B, S, P = 2, example_length(cfg), min(3, cfg.max_len - 1)
     src_BS = torch.full((B, S), cfg.eos_id, dtype=torch.long)
     src_BS[1, -1] = cfg.pad_id
     model = model.eval()
@@ -160,8 +187,8 @@ def export_graphs(model: Transformer, directory: Path) -> None:
         dynamic_shapes=({0: batch, 1: src_len},),
     )
     # Distinct tensors for every input: the exporter treats one tensor passed twice as one input.
-    cross_k, cross_v = ([torch.zeros(B, H, S, K) for _ in range(L)] for _ in range(2))
-    past_k, past_v = ([torch.zeros(B, H, P, K) for _ in range(L)] for _ in range(2))
+    cross_k, cross_v = ([torch.zeros(B, J, S, K) for _ in range(L)] for _ in range(2))
+    past_k, past_v = ([torch.zeros(B, J, P, K) for _ in range(L)] for _ in range(2))
     args = (
         torch.full((B, 1), cfg.bos_id),
         torch.tensor([P]),
@@ -233,7 +260,7 @@ def export_onnx(model_dir: Path, out: Path) -> Path:
 @dataclass
 class OnnxMemory(Memory):
     """The encoder graph's outputs: memory, keep mask, and each layer's cross-attention K/V
-    (B, H, S, K), which `OnnxModel.init_cache` puts in the cache."""
+    (B, J, S, K), which `OnnxModel.init_cache` puts in the cache."""
 
     cross_k: list[Tensor] = field(default_factory=list)
     cross_v: list[Tensor] = field(default_factory=list)
@@ -282,9 +309,9 @@ class OnnxModel:
     def init_cache(self, memory: Memory, capacity: int) -> KVCache:
         if not isinstance(memory, OnnxMemory):
             raise TypeError("OnnxModel.init_cache needs the OnnxMemory its encode returned")
-        B, H, K = memory.out_BSD.size(0), self.cfg.n_heads, self.cfg.d_k
-        self_k = [torch.empty(B, H, capacity, K) for _ in range(self.cfg.n_layers)]
-        self_v = [torch.empty(B, H, capacity, K) for _ in range(self.cfg.n_layers)]
+        B, J, K = memory.out_BSD.size(0), self.cfg.n_kv_heads, self.cfg.d_k
+        self_k = [torch.empty(B, J, capacity, K) for _ in range(self.cfg.n_layers)]
+        self_v = [torch.empty(B, J, capacity, K) for _ in range(self.cfg.n_layers)]
         return KVCache(self_k, self_v, list(memory.cross_k), list(memory.cross_v), 0)
 
     def decode_step(
