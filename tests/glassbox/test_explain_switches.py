@@ -386,6 +386,22 @@ def test_the_translators_page_draws_a_switched_models_forward_pass(chromium, tok
                      "cross_attn.head3.q_raw", "ffn.up"):  # fmt: skip
             assert f"step{t}.decoder.1.{leaf}" in names, leaf
         assert "step0.decoder.1.cross_attn.head3.k_raw" in names  # the source's, at step 0
+        # the decoder self-attention picture puts the ring's slots back at their positions
+        chromium.js("(() => { for (const [id, v] of [['kind', 'dec_self'], ['layer', '1'], "
+                    "['head', '2']]) { const s = document.getElementById(id); s.value = v; "
+                    "s.dispatchEvent(new Event('change')); } })()")  # fmt: skip
+        drawn = json.loads(chromium.js(
+            f"JSON.stringify([...document.querySelectorAll('#cells rect[data-i=\"{t}\"]')]"
+            ".map(r => [+r.dataset.j, +r.dataset.w]))"))  # fmt: skip
+        body = {"q": q, "layers": [1], "steps": [t], "stack": "decoder", "top_k": 8}
+        dec = httpx.post(server.url + "/v1/explain", json=body, timeout=60).json()
+        slots = {x["name"]: x for x in dec["tensors"]}[f"step{t}.decoder.1.self_attn.head2.weights"]
+        pairs = zip(slots["cols"], slots["data"][0], strict=True)
+        by_position = {int(c.split(":")[0]): w for c, w in pairs if c != "-"}
+        assert len(by_position) == W and sorted(by_position) == list(range(t - W + 1, t + 1))
+        assert {j: w for j, w in drawn if w} == pytest.approx(
+            {j: round(w, 4) for j, w in by_position.items() if round(w, 4)}, abs=1e-4
+        )
         assert chromium.errors() == []
     finally:
         code, _, err = server.stop()
