@@ -106,6 +106,18 @@ def test_a_language_models_greedy_search_is_the_same_with_or_without_the_cache(
     assert all(len(h.tokens) == 14 for h in cached)
 
 
+@pytest.mark.parametrize("name", ["window", "long", "long_alibi", "nope_long", "llama_mqa"])
+def test_a_language_models_beams_in_a_batch_are_its_beams_alone(name: str) -> None:
+    """Beam search reorders the rows of ring caches (`KVCache.index_select`) under left
+    padding: a batch of prompts of different lengths gets each prompt's N-best alone."""
+    model = language_model(name)
+    src = prompts([5, 9, 2], seed=3)
+    cfg = DecodeConfig(beam_size=3, nbest=3, max_len_a=0.0, max_len_b=12, min_len=8)
+    batch = beam_search(model, src, cfg)
+    for i in range(3):
+        same(batch[i], beam_search(model, src[i : i + 1], cfg)[0])
+
+
 # (lengths, the step each sentence joins at, (the admission dropped, at step) or None)
 ARRIVALS = [
     ([2, 9, 4, 7, 1], [0, 0, 2, 3, 7], (1, 4)),
