@@ -67,7 +67,7 @@ LM_VARIANTS: dict[str, dict[str, object]] = {
 }  # fmt: skip
 TR_VARIANTS: dict[str, dict[str, object]] = {
     "llama, untied": LLAMA | {"tie_output": False, "share_embeddings": False},
-    "rope, swish, post-LN, MQA": {"positional": "rope", "activation": "swish", "kv_heads": 1},
+    "rope, geglu, post-LN, MQA": {"positional": "rope", "activation": "geglu", "kv_heads": 1},
 }  # fmt: skip
 
 
@@ -251,9 +251,32 @@ def test_onnx_lm_of_the_llama_block_with_a_window(chars: CharTokenizer, tmp_path
 
 
 @pytest.mark.slow
-def test_onnx_lm_with_alibi_and_one_kv_head(chars: CharTokenizer, tmp_path: Path) -> None:
-    src = model_dir(tmp_path / "lm", DecoderLM, chars, positional="alibi", kv_heads=1)
+@pytest.mark.parametrize(
+    "switches",
+    [{"positional": "alibi", "kv_heads": 1}, {"positional": "none", "activation": "relu2"},
+     {"positional": "learned", "activation": "geglu", "embed_norm": True}],
+    ids=["alibi, MQA", "no positions, relu2", "learned, geglu, embedding norm"],
+)  # fmt: skip
+def test_onnx_lm_with_other_switches(
+    switches: dict[str, object], chars: CharTokenizer, tmp_path: Path
+) -> None:
+    src = model_dir(tmp_path / "lm", DecoderLM, chars, **switches)
     check_onnx_lm(src, export_lm_onnx(src, tmp_path / "onnx"), chars)
+
+
+def test_a_failed_onnx_trace_is_one_line_and_leaves_nothing(
+    chars: CharTokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The torch exporter's report of a model it cannot trace runs to pages: one line here."""
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("Failed to export the model with torch.export.\n" + "detail\n" * 50)
+
+    monkeypatch.setattr(torch.onnx, "export", fail)
+    src = model_dir(tmp_path / "lm", DecoderLM, chars, **LLAMA)
+    with pytest.raises(ConfigError, match=r"could not trace this model \(Failed to export") as e:
+        export_lm_onnx(src, tmp_path / "onnx")
+    assert "\n" not in str(e.value) and not (tmp_path / "onnx").exists()
 
 
 @pytest.mark.slow
