@@ -556,6 +556,7 @@ def main(argv: list[str] | None = None) -> None:
         load = [os.getloadavg()]
         started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         code = code_state()  # as it was when the measurements started
+        machine = device_info.machine(torch.device("cpu"))  # one thread, malloc as it comes
         warm_up(a)
         cases = part_a(a)
         load.append(os.getloadavg())
@@ -569,7 +570,8 @@ def main(argv: list[str] | None = None) -> None:
     result: dict = {
         "date": started,
         "cpu": lscpu_model(),
-        "machine": device_info.machine(torch.device("cpu")),
+        "machine": machine,
+        "allocator_part_b": device_info.allocator(),
         "torch": torch.__version__,
         "code": code,
         "threads": 1,
