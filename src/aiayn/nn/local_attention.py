@@ -53,13 +53,15 @@ def local_attention(
     key_BS = real_S[None, :] if keep_B11S is None else keep_B11S.reshape(-1, T) & real_S
     key_BNP = F.pad(key_BS, (before, pad_q + after)).unfold(1, P, W)
     # A query always sees itself, so a padding query is never left with no key (NaN).
-    keep_BN1WP = (keep_WP & key_BNP[:, :, None, :]) | (dist_WP == 0)
-    out_BNHWK = F.scaled_dot_product_attention(
-        q_BNHWK,
-        k_BNJPK,
-        v_BNJPK,
-        keep_BN1WP[:, :, None],
+    keep_BNWP = (keep_WP & key_BNP[:, :, None, :]) | (dist_WP == 0)
+    # Batch and blocks as one dimension: PyTorch's fused CPU kernels take 4-D inputs only (a
+    # 5-D call takes the math path, which holds every block's scores at once: ~14x the memory).
+    out_XHWK = F.scaled_dot_product_attention(
+        q_BNHWK.reshape(B * N, H, W, K),
+        k_BNJPK.reshape(B * N, -1, P, K),
+        v_BNJPK.reshape(B * N, -1, P, K),
+        keep_BNWP.expand(B, N, W, P).reshape(B * N, 1, W, P),
         dropout_p,
         enable_gqa=k_BJTK.size(1) != H,
-    )
-    return out_BNHWK.transpose(1, 2).reshape(B, H, N * W, K)[:, :, :T]
+    )  # fmt: skip
+    return out_XHWK.view(B, N, H, W, K).transpose(1, 2).reshape(B, H, N * W, K)[:, :, :T]
