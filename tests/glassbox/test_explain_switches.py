@@ -233,6 +233,21 @@ def test_cli_a_switched_translator_text_json_html(tok, tmp_path, capsys):
     assert "step2.decoder.1.self_attn.head1.q_unrotated" in page and html.escape(ARCH) in page
 
 
+def test_a_pre_ln_translators_final_rmsnorm_is_shown(tok):
+    from aiayn.glassbox.explain import explain
+    from aiayn.glassbox.render import to_text
+
+    torch.manual_seed(0)
+    model = Transformer(config(tok, norm="rmsnorm", norm_first=True)).eval()
+    ex = explain(model, tok, "the fox", max_len=2)
+    text = to_text(ex)
+    for name in ("encoder.norm", "step1.decoder.norm"):
+        assert f"\n{name}  [" in text and ex.entries[name].description.startswith(
+            "the final RMSNorm"
+        ), name
+    assert "pre-LN, sinusoidal positions; differs from the paper: RMSNorm" in text
+
+
 def test_cli_alibi_classifier_and_language_model(tok, tmp_path, capsys):
     torch.manual_seed(0)
     labels = ["neg", "pos"]

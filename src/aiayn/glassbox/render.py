@@ -125,13 +125,15 @@ def sections(trace: Explanation, view: View) -> Iterator[tuple[str, list[Entry],
     for layer in range(L):
         if entries := pick(_layer("encoder", layer, H)):  # layers not chosen leave no heading
             yield f"encoder layer {layer}", entries, None
+    if entries := pick(["encoder.norm"]):  # a pre-LN stack's final norm: the encoder output
+        yield "encoder output (the final norm of a pre-LN stack)", entries, None
     for choice in trace.steps:
         t = choice.t
         title = f"decoding step {t}: feed {choice.input_piece!r} at position {t}"
         names = [f"step{t}.decoder.embed.{x}" for x in embed]
         for layer in range(L):
             names += [f"step{t}.{n}" for n in _layer("decoder", layer, H)]
-        names += [f"step{t}.logits", f"step{t}.probs"]  # the top of Figure 1
+        names += [f"step{t}.decoder.norm", f"step{t}.logits", f"step{t}.probs"]  # Figure 1's top
         yield title, pick(names), t
 
 
