@@ -248,6 +248,23 @@ def test_a_pre_ln_translators_final_rmsnorm_is_shown(tok):
     assert "pre-LN, sinusoidal positions; differs from the paper: RMSNorm" in text
 
 
+def test_a_classifiers_embedding_rmsnorm_is_named(tok):
+    from aiayn.classify.classifier import Classifier
+    from aiayn.glassbox.explain_cls import explain_classifier
+    from aiayn.glassbox.render_cls import cls_to_json, cls_to_text
+    from aiayn.runtime.device import choose_precision
+
+    torch.manual_seed(0)
+    cfg = config(tok, norm="rmsnorm", pooling="cls", pooler=True, embed_norm=True)
+    model = EncoderClassifier(cfg, 2, ["neg", "pos"]).eval()
+    c = Classifier(model, tok, choose_precision("fp32", torch.device("cpu"), decoding=True))
+    exp = explain_classifier(c, "a lazy dog")
+    assert "embedding RMSNorm" in cls_to_text(exp).splitlines()[1]
+    about = {t["name"]: t["description"] for t in cls_to_json(exp)["tensors"]}
+    assert about["encoder.embed.norm"].startswith("RMSNorm")
+    assert about["encoder.1.norm2"].startswith("RMSNorm")
+
+
 def test_cli_alibi_classifier_and_language_model(tok, tmp_path, capsys):
     torch.manual_seed(0)
     labels = ["neg", "pos"]

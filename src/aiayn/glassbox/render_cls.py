@@ -20,7 +20,7 @@ from aiayn.glassbox.explain_cls import ROLLOUT_NOTE, SALIENCY_NOTE, ClassifierEx
 from aiayn.glassbox.explanation import Entry
 from aiayn.glassbox.render import View, _layer, _which, entry_lines, token_lines
 from aiayn.glassbox.render_lm import tensor_json
-from aiayn.glassbox.switches import architecture
+from aiayn.glassbox.switches import architecture, norm_name
 
 FORMAT = "aiayn.explain_cls/1"
 BAR = 12  # characters a full bar takes, each side of a signed bar
@@ -42,8 +42,10 @@ POOLED_AT = {
 
 
 def describe(e: Entry) -> str:
-    """What the tensor is (the classifier's own names first: its logits are not a decoder's)."""
-    return DESCRIPTIONS.get(e.name) or e.description
+    """What the tensor is (the classifier's own names first: its logits are not a decoder's;
+    a switched model's words before those: an embedding RMSNorm is no LayerNorm)."""
+    switched = e.about if e.name == "encoder.embed.norm" else ""
+    return switched or DESCRIPTIONS.get(e.name) or e.description
 
 
 def cls_sections(exp: ClassifierExplanation, view: View) -> Iterator[tuple[str, list[Entry]]]:
@@ -159,7 +161,7 @@ def cls_to_text(exp: ClassifierExplanation, view: View | None = None, ansi: bool
     c = exp.forward.config
     extras = [f"{c['pooling']} pooling"]
     extras += ["pooler"] if c["pooler"] else []
-    extras += ["embedding LayerNorm"] if c["embed_norm"] else []
+    extras += [f"embedding {norm_name(c)}"] if c["embed_norm"] else []
     p = view.precision
     out = [
         "aiayn explain: a text through the encoder-only classifier, every intermediate named",

@@ -145,6 +145,8 @@ def switch_description(leaf: str, attn: str | None, config: dict[str, object]) -
         )
     if leaf.startswith("norm") and leaf[4:].isdigit() and config.get("norm_type") == "rmsnorm":
         return f"{_norm_words(config)} of x + Sublayer(x), after sub-layer {leaf[4:]}"
+    if leaf == "embed.norm" and config.get("norm_type") == "rmsnorm":
+        return f"{_norm_words(config)} of the embeddings (cfg.embed_norm): the input of layer 0"
     if leaf == "norm" and config.get("norm_type") == "rmsnorm":
         return f"the final {_norm_words(config)} of a pre-LN stack (LLaMA's norm)"
     if leaf == "ffn.hidden" and act in GATED:
