@@ -180,8 +180,10 @@ class KVCache:
 
 
 def self_capacity(window: int, capacity: int) -> tuple[int, int]:
-    """(slots, window) of a self-attention cache for `capacity` positions: a ring of `window`
-    slots when the model attends locally and more positions would come, else plain."""
-    if window and capacity > window:
+    """(slots, window) of a self-attention cache for `capacity` positions: a model that attends
+    locally always gets a ring of `window` slots, even when fewer positions are asked for
+    now, since rows that join a running search may take it further (a plain buffer would then
+    grow with the context); else plain."""
+    if window:
         return window, window
     return capacity, 0
