@@ -57,7 +57,7 @@ class KVCache:
 
     self_k: list[Tensor]  # (B, J, capacity, K) per layer (J K/V heads)
     self_v: list[Tensor]
-    cross_k: list[Tensor]  # (B, H, S, K) per layer
+    cross_k: list[Tensor]  # (B, J, S, K) per layer
     cross_v: list[Tensor]
     length: int = 0
     spare_k: list[Tensor] | None = None  # same shapes as self_k: the target of a reorder
