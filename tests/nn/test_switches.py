@@ -557,9 +557,13 @@ def test_an_encoder_without_positions_is_refused(build: Any) -> None:
 # --- the switches through the trainer ---------------------------------------------------------
 
 
-def test_aiayn_train_takes_the_switches_and_the_saved_model_generates(tmp_path: Any) -> None:
+@pytest.mark.parametrize("positional", ["rope", "none"])
+def test_aiayn_train_takes_the_switches_and_the_saved_model_generates(
+    tmp_path: Any, positional: str
+) -> None:
     """`aiayn train` with LLaMA's switches and a window (a few steps of a tiny LM on a text),
-    saved, reloaded as the same architecture, and generating past its window."""
+    saved, reloaded as the same architecture, and generating past its window. No positions at
+    all is a decoder-only model's choice, which the run's checks must not refuse."""
     from aiayn.cli.main import main
     from aiayn.generate.generator import Generator
     from aiayn.store.model_dir import load_model_dir
@@ -568,7 +572,7 @@ def test_aiayn_train_takes_the_switches_and_the_saved_model_generates(tmp_path: 
     text.write_text("".join(f"line {i}: the cat sat on the mat.\n" for i in range(200)))
     out = tmp_path / "run"
     sets = {
-        "model.positional": "rope", "model.norm": "rmsnorm", "model.activation": "swiglu",
+        "model.positional": positional, "model.norm": "rmsnorm", "model.activation": "swiglu",
         "model.kv_heads": 2, "model.attn_window": 8, "model.d_model": 32, "model.n_heads": 4,
         "model.n_layers": 2, "model.d_ff": 64, "model.max_len": 32, "train.text": text,
         "train.out_dir": out, "train.max_steps": 4, "train.max_minutes": 0,
@@ -581,7 +585,7 @@ def test_aiayn_train_takes_the_switches_and_the_saved_model_generates(tmp_path: 
     model = load_model_dir(out)
     assert isinstance(model, DecoderLM)
     switches = {k: getattr(model.cfg, k) for k in ["positional", "norm", "activation"]}
-    assert switches == {"positional": "rope", "norm": "rmsnorm", "activation": "swiglu"}
+    assert switches == {"positional": positional, "norm": "rmsnorm", "activation": "swiglu"}
     assert (model.cfg.n_kv_heads, model.cfg.attn_window) == (2, 8)
     generated = Generator.load(out, device="cpu").generate(
         ["line 1", "the"], max_tokens=20, sample=False, min_len=20

@@ -8,7 +8,10 @@ what cannot work in one line, not as a traceback an hour in):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+from torch import nn
 
 from aiayn.config import ModelConfig, TrainConfig
 from aiayn.errors import ConfigError
@@ -23,12 +26,18 @@ from aiayn.text.batches import Example, batch_plan
 TRAIN_BYTES_PER_PARAM = 16
 
 
-def check_model_fits(model_cfg: ModelConfig, device: torch.device, copies: int = 1) -> None:
+def check_model_fits(
+    model_cfg: ModelConfig,
+    device: torch.device,
+    copies: int = 1,
+    build: Callable[[ModelConfig], nn.Module] = Transformer,
+) -> None:
     """Refuse a model whose parameters alone, `copies` times (CPU ranks share the machine's
-    memory), need more than `device` has; sized on the meta device, so nothing is allocated."""
+    memory), need more than `device` has; sized on the meta device, so nothing is allocated.
+    `build`: the model trained (the encoder-decoder bounds the encoder-only models)."""
     check_position_table(model_cfg, ConfigError)
     with torch.device("meta"):
-        n = count_parameters(Transformer(model_cfg))
+        n = count_parameters(build(model_cfg))
     per = f" x {copies} processes" if copies > 1 else ""
     require_memory(
         n * TRAIN_BYTES_PER_PARAM * copies,

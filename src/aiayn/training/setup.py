@@ -111,7 +111,8 @@ def prepare_run(
         raise ConfigError(f"train.max_len={tc.max_len} exceeds model.max_len={cfg.model.max_len}")
     vocab = tokenizer.vocab_size if tokenizer is not None else tc.vocab_size  # at most
     copies = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if d.device.type == "cpu" else 1
-    check_model_fits(dataclasses.replace(cfg.model, vocab_size=vocab), d.device, copies)
+    fits_cfg = dataclasses.replace(cfg.model, vocab_size=vocab)
+    check_model_fits(fits_cfg, d.device, copies, DecoderLM if lm else Transformer)
     heldout = _hold_out(tc, out, d) if tc.src and not tc.valid_src and not lm else None
     start = ""  # an encoder-only run's: "", "encoder" or "whole" (of train.init_from)
     if encoder_only:
