@@ -280,7 +280,7 @@ def formula_bytes(method: str, mode: str, L: int, a: argparse.Namespace) -> int:
 
 def part_a(a: argparse.Namespace) -> dict:
     cases: dict[str, dict[str, list[dict]]] = {m: {mode: [] for mode in MODES} for m in METHODS}
-    for method in METHODS:
+    for method in a.methods:
         for mode in MODES:
             prev: tuple[int, int] | None = None
             for L in a.lengths:
@@ -540,7 +540,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--plots", type=Path, help="write the PNG plots into DIR")
     p.add_argument("--replot", type=Path, help="measure nothing: draw --plots from this "
                    "results.json")  # fmt: skip
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
+                   help="Part A's methods to measure (the others: from --merge)")  # fmt: skip
+    p.add_argument("--merge", type=Path, help="an earlier results.json: the methods not "
+                   "measured now, and its decoding figures (Part B is then not rerun), are "
+                   "taken from it")  # fmt: skip
     a = p.parse_args(argv)
+    earlier = json.loads(a.merge.read_text()) if a.merge else None
     if a.replot:
         if not a.plots:
             p.error("--replot needs --plots DIR")
@@ -560,8 +566,13 @@ def main(argv: list[str] | None = None) -> None:
         warm_up(a)
         cases = part_a(a)
         load.append(os.getloadavg())
-        keep_freed_memory()  # decoding as `aiayn generate` runs it (after Part A's children)
-        dec = part_b(a)
+        if earlier is None:
+            keep_freed_memory()  # decoding as `aiayn generate` runs it (after Part A's children)
+            dec = part_b(a)
+        else:  # a rerun of some methods: the rest as measured before
+            for method in set(METHODS) - set(a.methods):
+                cases[method] = earlier["part_a"]["cases"][method]
+            dec = earlier["part_b"]["variants"]
         load.append(os.getloadavg())
     finally:  # as it was (the smoke test calls main in its own process)
         os.sched_setaffinity(0, affinity)
@@ -577,6 +588,15 @@ def main(argv: list[str] | None = None) -> None:
         "threads": 1,
         "pinned_core": core,
         "load_average_1_5_15": {"start": load[0], "after_part_a": load[1], "end": load[2]},
+        "merged": None
+        if earlier is None
+        else {
+            "measured_now": a.methods,
+            "from": str(a.merge),
+            "earlier_date": earlier["date"],
+            "earlier_code": earlier.get("code"),
+            "earlier_load_average_1_5_15": earlier.get("load_average_1_5_15"),
+        },
         "config": {
             k: getattr(a, k)
             for k in (
