@@ -1,8 +1,8 @@
 """The import graph of src/aiayn: packages in one stack, no cycles, and the README says so.
 
 A module imports the foundations (the top-level modules: errors, atomic, config_checks, config,
-config_files, reference) and modules of its own package or of a package before it in PACKAGES, never one
-after it.
+config_files, reference) and modules of its own package or of a package before it in PACKAGES,
+never one after it.
 PACKAGES is also the README's dependency sentence, so the two cannot drift apart.
 """
 
