@@ -170,6 +170,18 @@ def run_together(cmds: dict[str, list[str]], logs: dict[str, Path],
     return {"sides": done, "load": loads}
 
 
+def code_state() -> dict:
+    """The commit the runs start from, and the files under src/ that differ from it: the
+    working tree is what `python -m aiayn` runs, so uncommitted edits count too."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    dirty = [line[3:] for line in git("status", "--porcelain", "--", "src").splitlines()]
+    return {"commit": git("rev-parse", "HEAD"), "src_changed": dirty}
+
+
 def last_lines(path: Path, n: int = 3) -> list[str]:
     lines = path.read_text(errors="replace").splitlines() if path.exists() else []
     return lines[-n:]
@@ -188,10 +200,11 @@ def run_pair(task: str, arm: str, sets: list[str], shared: list[str], minutes: f
     cmds = {s: train_cmd(task, minutes, pair_dir / s, extra) for s, extra in sides.items()}
     logs = {s: pair_dir / f"{s}.log" for s in sides}
     stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    code = code_state()
     trained = run_together(cmds, logs, side_pins)
     record: dict = {"task": task, "arm": arm, "sets": sets, "shared_sets": shared, "seed": seed,
                     "minutes": minutes,
-                    "started_utc": stamp, "load_during": trained["load"],
+                    "started_utc": stamp, "code": code, "load_during": trained["load"],
                     "commands": {s: " ".join(c) for s, c in cmds.items()}}  # fmt: skip
     models, eval_cmds = {}, {}
     for side in sides:
@@ -220,7 +233,8 @@ def run_pair(task: str, arm: str, sets: list[str], shared: list[str], minutes: f
 def score_of(task: str, side: dict) -> dict:
     """The figures a table shows: the scored loss (LM) or validation loss and BLEU (MT)."""
     scored = side.get("scored") or {}
-    figures = {"steps": side.get("steps"), "steps_per_s": side.get("steps_per_s")}
+    figures = {"steps": side.get("steps"), "steps_per_s": side.get("steps_per_s"),
+               "cpu_s": side.get("cpu_s")}  # fmt: skip
     if task == "lm":
         figures["loss"] = scored.get("nats_per_token")  # = nats per character (char tokenizer)
     else:

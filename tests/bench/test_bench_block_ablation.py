@@ -89,7 +89,8 @@ def test_a_pair_trains_side_by_side_and_both_sides_are_scored(tmp_path):
         assert math.isfinite(got["scored"]["nats_per_token"]), got["scored"]
         assert got["scored"]["chars"] == 600  # the whole validation text (+ EOS: 601 tokens)
     assert "model.activation=swiglu" in rec["commands"]["switched"]
-    assert "swiglu" not in rec["commands"]["paper"]
+    assert "model.activation" not in rec["commands"]["paper"]
     # same seed, same data, different block: the two sides' losses differ
     assert rec["paper"]["scored"]["nats_per_token"] != rec["switched"]["scored"]["nats_per_token"]
     assert len(rec["load_during"]) >= 1
+    assert len(rec["code"]["commit"]) == 40  # the commit the pair ran from
