@@ -193,7 +193,9 @@ def run_pair(task: str, arm: str, sets: list[str], shared: list[str], minutes: f
     at once. Returns the pair's record; a side that fails is recorded with its log's tail."""
     tag = f"{task}-{arm}-s{seed}"
     pair_dir = out / tag
-    pair_dir.mkdir(parents=True, exist_ok=True)
+    if pair_dir.exists():  # a run directory left there would be resumed, not trained afresh
+        pair_dir.rename(out / f"{tag}.before-{int(pair_dir.stat().st_mtime)}")
+    pair_dir.mkdir(parents=True)
     seed_set = [f"train.seed={seed}", *shared]
     sides = {"paper": seed_set, "switched": [*seed_set, *sets]}
     side_pins = {"paper": pins[0], "switched": pins[1]}
