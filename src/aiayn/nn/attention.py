@@ -290,8 +290,9 @@ class MultiHeadAttention(nn.Module):
         """
         if mem_BSD is None or mem_BSD is x_BTD:
             q_BHTK, k_BJSK, v_BJSK = self.project_qkv(x_BTD)
-            pos_T = torch.arange(x_BTD.size(1), device=x_BTD.device)
-            q_BHTK, k_BJSK = self.rotate_qk(q_BHTK, k_BJSK, pos_T)
+            if self.rope_base:
+                pos_T = torch.arange(x_BTD.size(1), device=x_BTD.device)
+                q_BHTK, k_BJSK = self.rotate_qk(q_BHTK, k_BJSK, pos_T)
         else:
             q_BHTK = self.project_q(x_BTD)
             k_BJSK, v_BJSK = self.project_kv(mem_BSD)
