@@ -253,17 +253,11 @@ class MultiHeadAttention(nn.Module):
         return cos, sin
 
     def rotate_qk(
-        self,
-        q_BHTK: Tensor,
-        k_BJTK: Tensor,
-        pos: Tensor,
-        angles: tuple[Tensor, Tensor] | None = None,
+        self, q_BHTK: Tensor, k_BJTK: Tensor, angles: tuple[Tensor, Tensor]
     ) -> tuple[Tensor, Tensor]:
-        """RoPE on the new queries and keys at positions `pos` ((T,) or per row (B, T));
-        `angles`: `self.angles(pos)`, if already computed."""
-        if not self.rope_base:
-            return q_BHTK, k_BJTK
-        cos, sin = self.angles(pos) if angles is None else angles
+        """RoPE on the new queries and keys, turned by `angles` (`self.angles` of their
+        positions)."""
+        cos, sin = angles
         if is_tracing():
             tap(f"{self.trace_name}.q_unrotated", q_BHTK)
             tap(f"{self.trace_name}.k_unrotated", k_BJTK)
@@ -292,7 +286,7 @@ class MultiHeadAttention(nn.Module):
             q_BHTK, k_BJSK, v_BJSK = self.project_qkv(x_BTD)
             if self.rope_base:
                 pos_T = torch.arange(x_BTD.size(1), device=x_BTD.device)
-                q_BHTK, k_BJSK = self.rotate_qk(q_BHTK, k_BJSK, pos_T)
+                q_BHTK, k_BJSK = self.rotate_qk(q_BHTK, k_BJSK, self.angles(pos_T))
         else:
             q_BHTK = self.project_q(x_BTD)
             k_BJSK, v_BJSK = self.project_kv(mem_BSD)
@@ -303,44 +297,36 @@ class MultiHeadAttention(nn.Module):
         which they extend. `keep`: which cached columns each row may see (None: all)."""
         q_BHTK, k_BJTK, v_BJTK = self.project_qkv(x_BTD)
         start, T = cache.length, x_BTD.size(1)
-        if self.rope_base:  # each row's position: its column less the column it starts at
-            pos: Tensor = torch.arange(start, start + T, device=x_BTD.device)
-            if cache.start_B is not None:
-                pos = pos[None, :] - cache.start_B[:, None]
+        if self.rope_base:
+
+            def angles() -> tuple[Tensor, Tensor]:
+                # at each row's position: its column less the column it starts at
+                pos: Tensor = torch.arange(start, start + T, device=x_BTD.device)
+                if cache.start_B is not None:
+                    pos = pos[None, :] - cache.start_B[:, None]
+                return self.angles(pos)
+
             # Every layer of the step turns by the same angles: the first layer's are kept.
-            angles = cache.memoised("rope", (start, T), lambda: self.angles(pos))
-            q_BHTK, k_BJTK = self.rotate_qk(q_BHTK, k_BJTK, pos, angles)
+            q_BHTK, k_BJTK = self.rotate_qk(
+                q_BHTK, k_BJTK, cache.memoised("rope", (start, T), angles)
+            )
         k_BJCK, v_BJCK, k_cols = cache.append_self(layer, k_BJTK, v_BJTK)  # C: cached
         if not self.geometric:
             return self.attend(q_BHTK, k_BJCK, v_BJCK, keep, causal=True)
         C = k_BJCK.size(2)
         if is_tracing():  # the masks are recorded where they are made, in every layer
             return self.attend(
-                q_BHTK, k_BJCK, v_BJCK, self._cache_keep(cache, C, k_cols), causal=True,
+                q_BHTK, k_BJCK, v_BJCK, cache.self_keep_B11C(C, k_cols), causal=True,
                 q_start=start, k_cols=k_cols,
             )  # fmt: skip
         keep_mask, bias = cache.memoised(
             "geometry",
             (start, T, C),
             lambda: self._geometry(
-                T, C, start, k_cols, self._cache_keep(cache, C, k_cols), True, q_BHTK
+                T, C, start, k_cols, cache.self_keep_B11C(C, k_cols), True, q_BHTK
             ),
         )
         return self.attend(q_BHTK, k_BJCK, v_BJCK, keep_mask, bias=bias, geometry_done=True)
-
-    @staticmethod
-    def _cache_keep(cache: KVCache, C: int, k_cols: Tensor | None) -> Tensor | None:
-        """Which of the C keys a step reads each row may see, by their columns: rows that
-        start late (left padding) see their own; a ring's slot not written yet (column < 0)
-        none."""
-        cols_C = torch.arange(C, device=cache.self_k[0].device) if k_cols is None else k_cols
-        keep_B11C: Tensor | None = None
-        if cache.start_B is not None:
-            keep_B11C = (cols_C[None, :] >= cache.start_B[:, None])[:, None, None]
-        if k_cols is not None:
-            written_11C = (k_cols >= 0)[None, None, None]
-            keep_B11C = written_11C if keep_B11C is None else keep_B11C & written_11C
-        return keep_B11C
 
     def attend(
         self,

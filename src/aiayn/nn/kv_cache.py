@@ -75,12 +75,18 @@ class KVCache:
             held = self.memo[kind] = (key, make())
         return held[1]
 
-    def self_keep_B11C(self, end: int) -> Tensor | None:
-        """Which of the first `end` columns each row may attend to (None: all of them)."""
-        if self.start_B is None:
-            return None
-        cols_C = torch.arange(end, device=self.start_B.device)
-        return (cols_C[None, :] >= self.start_B[:, None])[:, None, None, :]
+    def self_keep_B11C(self, end: int, cols_C: Tensor | None = None) -> Tensor | None:
+        """Which of the `end` keys a step reads each row may attend to (None: all of them):
+        rows that start late (left padding) see their own columns only; a ring's slot not
+        written yet (column < 0) no row sees. `cols_C`: each key's column (None: 0..end-1)."""
+        keep_B11C: Tensor | None = None
+        if self.start_B is not None:
+            cols = torch.arange(end, device=self.start_B.device) if cols_C is None else cols_C
+            keep_B11C = (cols[None, :] >= self.start_B[:, None])[:, None, None, :]
+        if cols_C is not None:
+            written_11C = (cols_C >= 0)[None, None, None]
+            keep_B11C = written_11C if keep_B11C is None else keep_B11C & written_11C
+        return keep_B11C
 
     def append_self(
         self, layer: int, k_BJTK: Tensor, v_BJTK: Tensor
@@ -113,8 +119,11 @@ class KVCache:
                 # them were never written (whatever the allocation left, NaN included: a
                 # weight of 0 times NaN is NaN), so they are not read at all.
                 return ring_k[:, :, : start + 1], ring_v[:, :, : start + 1], None
-            slots_W = torch.arange(W, device=device)
-            return ring_k, ring_v, start - (start - slots_W) % W
+            # Every layer's ring holds the same columns: the first layer's are kept.
+            cols_W = self.memoised(
+                "ring", start, lambda: start - (start - torch.arange(W, device=device)) % W
+            )
+            return ring_k, ring_v, cols_W
         new_T = torch.arange(start, start + T, device=device)
         if start == 0:
             k_all, v_all, cols = k_BJTK, v_BJTK, None
