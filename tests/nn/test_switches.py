@@ -301,6 +301,28 @@ def test_a_ring_cache_that_wraps_many_times_gives_what_recomputing_gives(
     assert cache.length > 10 * W
 
 
+def test_a_window_wider_than_max_len_allocates_max_len_slots_and_sees_everything() -> None:
+    """attn_window = 10^9 (a careless or hostile config) must not allocate 10^9 slots: the
+    ring holds max_len, which every position a row can reach fits in, and the steps give the
+    full forward's logits (left-padded rows included)."""
+    cfg = ModelConfig(vocab_size=V, d_model=32, n_heads=4, n_layers=2, d_ff=64,
+                      dropout=0.0, max_len=24, attn_window=10**9)  # fmt: skip
+    torch.manual_seed(0)
+    model = DecoderLM(cfg).eval()
+    text = ids(2, 24, seed=12)
+    lengths = [4, 2]
+    memory = model.encode(prompts(text, lengths))
+    cache = model.init_cache(memory, 20)
+    assert cache.window == 24 and all(k.size(2) == 24 for k in cache.self_k)
+    fed = model.first_tokens(memory)
+    whole = [model(text[i : i + 1, : n + 19])[0] for i, n in enumerate(lengths)]
+    for step in range(20):
+        logits, cache = model.decode_step(fed, memory, cache)
+        for i, n in enumerate(lengths):
+            close(logits[i], whole[i][n - 1 + step])
+        fed = torch.stack([text[i, n + step] for i, n in enumerate(lengths)])[:, None]
+
+
 # --- ALiBi against its paper -------------------------------------------------------------------
 
 

@@ -188,11 +188,14 @@ class KVCache:
         )
 
 
-def self_capacity(window: int, capacity: int) -> tuple[int, int]:
-    """(slots, window) of a self-attention cache for `capacity` positions: a model that attends
-    locally always gets a ring of `window` slots, even when fewer positions are asked for
-    now, since rows that join a running search may take it further (a plain buffer would then
-    grow with the context); else plain."""
+def self_capacity(window: int, capacity: int, max_len: int) -> tuple[int, int]:
+    """(slots, ring size) of a self-attention cache for `capacity` positions: a model that
+    attends locally always gets a ring, even when fewer positions are asked for now, since
+    rows that join a running search may take it further (a plain buffer would then grow with
+    the context); else plain. The ring holds at most `max_len` slots: a row's positions span
+    fewer than max_len columns, so a wider window sees all of them anyway (and an
+    `attn_window` of 10^9 must not allocate 10^9 slots)."""
     if window:
-        return window, window
+        ring = min(window, max_len)
+        return ring, ring
     return capacity, 0

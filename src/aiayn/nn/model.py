@@ -415,7 +415,7 @@ class Transformer(_ModelBase):
         """An empty cache for up to `capacity` target positions, with cross K/V precomputed."""
         B = memory.out_BSD.size(0)
         J, K = self.cfg.n_kv_heads, self.cfg.d_k
-        slots, window = self_capacity(self.cfg.attn_window, capacity)
+        slots, window = self_capacity(self.cfg.attn_window, capacity, self.cfg.max_len)
         like = memory.out_BSD
         self_k, self_v, cross_k, cross_v = [], [], [], []
         layer: DecoderLayer

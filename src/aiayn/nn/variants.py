@@ -82,7 +82,7 @@ class DecoderLM(_ModelBase):
         ids_BS, start_B = memory.ids_BS, memory.start_B
         B, S = ids_BS.shape
         J, K = self.cfg.n_kv_heads, self.cfg.d_k
-        slots, window = self_capacity(self.cfg.attn_window, S - 1 + capacity)
+        slots, window = self_capacity(self.cfg.attn_window, S - 1 + capacity, self.cfg.max_len)
         like = self.generator.weight
         shape = (B, J, slots, K)
         dtype = torch.get_autocast_dtype(like.device.type) if torch.is_autocast_enabled() else None
